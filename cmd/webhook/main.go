@@ -1,0 +1,196 @@
+// Command webhook serves the ip-preallocator admission webhooks.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"net/http"
+	"os"
+	"time"
+
+	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/cluster-api/util/flags"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/mutate"
+)
+
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+type options struct {
+	manager          flags.ManagerOptions
+	webhookPort      int
+	certDir          string
+	healthAddr       string
+	enableHTTP2      bool
+	leaderElect      bool
+	leaderElectionNS string
+	bmhNameBased     bool
+	claimTimeout     time.Duration
+	qps              float32
+	burst            int
+}
+
+func (o *options) addFlags(fs *pflag.FlagSet) {
+	flags.AddManagerOptions(fs, &o.manager)
+	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the webhook server listens on.")
+	fs.StringVar(&o.certDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs",
+		"Directory holding tls.crt and tls.key; they are reloaded when they change.")
+	fs.StringVar(&o.healthAddr, "health-addr", ":9440", "Address the readiness and liveness probes bind to.")
+	fs.BoolVar(&o.enableHTTP2, "enable-http2", false,
+		"Serve HTTP/2 on the webhook and metrics servers (off because of CVE-2023-44487 and CVE-2023-39325).")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false,
+		"Elect a leader among replicas for the controllers; the webhook is served by every replica.")
+	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "",
+		"Namespace of the leader election lease; defaults to the pod's namespace.")
+	fs.BoolVar(&o.bmhNameBased, "enable-bmh-name-based-preallocation", false,
+		"Name IPClaims <baremetalhost>-<pool> like CAPM3 with the same flag; set it exactly as CAPM3's.")
+	fs.DurationVar(&o.claimTimeout, "claim-creation-timeout", 3*time.Second,
+		"How long one admission may spend creating claims; keep it below the webhook's timeoutSeconds (5).")
+	fs.Float32Var(&o.qps, "kube-api-qps", 100, "Requests per second to the API server, per resource type.")
+	fs.IntVar(&o.burst, "kube-api-burst", 200, "Burst of requests to the API server, per resource type.")
+}
+
+func main() {
+	var o options
+	fs := pflag.NewFlagSet("webhook", pflag.ExitOnError)
+	o.addFlags(fs)
+	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlagSet(klogFlags)
+	_ = fs.Parse(os.Args[1:])
+	ctrl.SetLogger(klog.Background())
+
+	if err := run(ctrl.SetupSignalHandler(), o); err != nil {
+		klog.Background().Error(err, "Webhook failed")
+		os.Exit(1)
+	}
+}
+
+// cached lists what the admission path reads, all through the cache; only the Metal3DataTemplate,
+// Metal3Machine and Cluster are read beyond their metadata.
+func cached() []client.Object {
+	meta := func(gvk schema.GroupVersionKind) client.Object {
+		m := &metav1.PartialObjectMetadata{}
+		m.SetGroupVersionKind(gvk)
+		return m
+	}
+	return []client.Object{
+		&infrav1.Metal3DataTemplate{},
+		&infrav1.Metal3Machine{},
+		&clusterv1.Cluster{},
+		meta(infrav1.GroupVersion.WithKind("Metal3DataClaim")),
+		meta(clusterv1.GroupVersion.WithKind("Machine")),
+		meta(bmov1alpha1.GroupVersion.WithKind("BareMetalHost")),
+		meta(allocation.IPClaimGVK),
+		meta(allocation.IPAddressClaimGVK),
+	}
+}
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme, infrav1.AddToScheme, ipamv1.AddToScheme, capipamv1.AddToScheme,
+		clusterv1.AddToScheme, bmov1alpha1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			panic(err)
+		}
+	}
+	return s
+}
+
+func run(ctx context.Context, o options) error {
+	tlsOpts, metricsOpts, err := flags.GetManagerOptions(o.manager)
+	if err != nil {
+		return err
+	}
+	if !o.enableHTTP2 {
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+		metricsOpts.TLSOpts = append(metricsOpts.TLSOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+
+	cfg := ctrl.GetConfigOrDie()
+	cfg.QPS, cfg.Burst = o.qps, o.burst
+	scheme := newScheme()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 *metricsOpts,
+		HealthProbeBindAddress:  o.healthAddr,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionID:        "ip-preallocator.metal3.io",
+		LeaderElectionNamespace: o.leaderElectionNS,
+		Cache:                   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Port:    o.webhookPort,
+			CertDir: o.certDir,
+			TLSOpts: tlsOpts,
+		}),
+	})
+	if err != nil {
+		return err
+	}
+
+	// Informers registered before the start are part of the readiness cache sync.
+	for _, obj := range cached() {
+		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
+			return err
+		}
+	}
+
+	mgr.GetWebhookServer().Register("/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate",
+		&webhook.Admission{Handler: &mutate.Preallocator{
+			Reader: mgr.GetClient(),
+			Creator: &allocation.Creator{
+				Client:    mgr.GetClient(),
+				Cache:     mgr.GetClient(),
+				APIReader: mgr.GetAPIReader(),
+			},
+			Decoder:      admission.NewDecoder(scheme),
+			BMHNameBased: o.bmhNameBased,
+			Timeout:      o.claimTimeout,
+		}})
+
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("cache", cacheSynced(mgr.GetCache())); err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}
+
+// cacheSynced keeps the webhook unready until every informer has synced: before that an admission
+// would find nothing and skip preallocation.
+func cacheSynced(c cache.Cache) healthz.Checker {
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), 50*time.Millisecond)
+		defer cancel()
+		if !c.WaitForCacheSync(ctx) {
+			return errors.New("informer caches have not synced yet")
+		}
+		return nil
+	}
+}

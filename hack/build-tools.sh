@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the pinned test-control-plane binaries into bin/ from the Go module proxy. A binary is
+# rebuilt only when its pinned version changes: the version is part of a stamp file next to it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin="$root/bin"
+mkdir -p "$bin"
+
+# build NAME VERSION MODULE_DIR PACKAGE
+build() {
+  local name=$1 version=$2 dir=$3 pkg=$4
+  local stamp="$bin/.$name.version"
+  if [[ -x "$bin/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
+    return
+  fi
+  echo "Building $name $version"
+  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags=-s -o "$bin/$name" "$pkg")
+  echo "$version" >"$stamp"
+}
+
+kube_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$root/hack/tools/kube/go.mod")
+etcd_version=$(awk '$1=="require" && $2=="go.etcd.io/etcd/server/v3" {print $3}' "$root/hack/tools/etcd/go.mod")
+
+build etcd "$etcd_version" "$root/hack/tools/etcd" go.etcd.io/etcd/server/v3
+build kube-apiserver "$kube_version" "$root/hack/tools/kube" k8s.io/kubernetes/cmd/kube-apiserver
+build kube-controller-manager "$kube_version" "$root/hack/tools/kube" k8s.io/kubernetes/cmd/kube-controller-manager
+build kubectl "$kube_version" "$root/hack/tools/kube" k8s.io/kubernetes/cmd/kubectl
+
+# Tools whose modules carry no replace directives install straight from the proxy.
+install() {
+  local name=$1 pkg=$2 version=$3
+  local stamp="$bin/.$name.version"
+  if [[ -x "$bin/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
+    return
+  fi
+  echo "Building $name $version"
+  GOBIN="$bin" CGO_ENABLED=0 go install "$pkg@$version"
+  echo "$version" >"$stamp"
+}
+install controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen "${CONTROLLER_GEN_VERSION:-v0.20.1}"
+install kustomize sigs.k8s.io/kustomize/kustomize/v5 "${KUSTOMIZE_VERSION:-v5.8.1}"

@@ -1,0 +1,112 @@
+package allocation
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Outcome is what became of one planned claim.
+type Outcome string
+
+const (
+	// Created: the webhook created the claim.
+	Created Outcome = "created"
+	// Reused: the claim already existed, preallocated earlier for a Metal3Data of this name and
+	// not handed over to anyone yet, so it is this Metal3Data's.
+	Reused Outcome = "reused"
+	// Foreign: a claim CAPM3 would use exists and belongs to something else. It is left
+	// untouched; CAPM3 decides what to do with it, as it would without the webhook.
+	Foreign Outcome = "foreign"
+	// Failed: the claim could not be looked up or created; CAPM3 will create it itself.
+	Failed Outcome = "failed"
+)
+
+// Result is the outcome for one planned claim.
+type Result struct {
+	Claim Claim
+	// Name is the claim that was created or found.
+	Name    string
+	Outcome Outcome
+	Err     error
+}
+
+// Creator creates the planned claims of a Metal3Data ahead of CAPM3.
+type Creator struct {
+	// Client creates claims. Its rate limit should fit a burst of machines.
+	Client client.Client
+	// Cache answers whether a claim exists; it needs only claim metadata.
+	Cache client.Reader
+	// APIReader settles, with a live read, who owns a claim whose create found it existing
+	// although the cache did not have it yet.
+	APIReader client.Reader
+}
+
+// Create makes sure every planned claim of the Metal3Data named dataName exists, concurrently,
+// and stops waiting when ctx ends. A claim that already exists under one of the names CAPM3 looks
+// for is never modified.
+func (c *Creator) Create(ctx context.Context, dataName string, claims []Claim) []Result {
+	results := make([]Result, len(claims))
+	var wg sync.WaitGroup
+	for i := range claims {
+		wg.Go(func() { results[i] = c.create(ctx, dataName, claims[i]) })
+	}
+	wg.Wait()
+	return results
+}
+
+func (c *Creator) create(ctx context.Context, dataName string, claim Claim) Result {
+	namespace := claim.Object.GetNamespace()
+	for _, name := range claim.Lookup {
+		existing, err := getMetadata(ctx, c.Cache, claim, namespace, name)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return Result{Claim: claim, Name: name, Outcome: Failed, Err: fmt.Errorf("looking up %s %s: %w", claim.Kind(), name, err)}
+		}
+		return classify(claim, existing, dataName)
+	}
+
+	obj := claim.Preallocated()
+	err := c.Client.Create(ctx, obj)
+	if err == nil {
+		return Result{Claim: claim, Name: obj.GetName(), Outcome: Created}
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return Result{Claim: claim, Name: obj.GetName(), Outcome: Failed, Err: fmt.Errorf("creating %s %s: %w", claim.Kind(), obj.GetName(), err)}
+	}
+	existing, err := getMetadata(ctx, c.APIReader, claim, namespace, obj.GetName())
+	if err != nil {
+		return Result{Claim: claim, Name: obj.GetName(), Outcome: Failed, Err: fmt.Errorf("reading existing %s %s: %w", claim.Kind(), obj.GetName(), err)}
+	}
+	return classify(claim, existing, dataName)
+}
+
+func getMetadata(ctx context.Context, r client.Reader, claim Claim, namespace, name string) (*metav1.PartialObjectMetadata, error) {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(claim.GVK())
+	err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, m)
+	return m, err
+}
+
+// IsPreallocatedFor tells whether a claim was preallocated for the Metal3Data named dataName and
+// is still waiting to be handed over.
+func IsPreallocatedFor(claim metav1.Object, dataName string) bool {
+	return claim.GetAnnotations()[PreallocatedForAnnotation] == dataName &&
+		len(claim.GetOwnerReferences()) == 0 && claim.GetDeletionTimestamp() == nil
+}
+
+func classify(claim Claim, existing metav1.Object, dataName string) Result {
+	if IsPreallocatedFor(existing, dataName) {
+		return Result{Claim: claim, Name: existing.GetName(), Outcome: Reused}
+	}
+	return Result{Claim: claim, Name: existing.GetName(), Outcome: Foreign,
+		Err: fmt.Errorf("%s %s/%s exists and does not belong to this Metal3Data; CAPM3 will decide",
+			claim.Kind(), existing.GetNamespace(), existing.GetName())}
+}

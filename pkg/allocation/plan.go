@@ -1,0 +1,144 @@
+package allocation
+
+import (
+	"maps"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+const (
+	// DataLabelName and PoolLabelName are the labels CAPM3 puts on IPClaims in BMH-name mode and
+	// releases them by.
+	DataLabelName = "infrastructure.cluster.x-k8s.io/data-name"
+	PoolLabelName = "infrastructure.cluster.x-k8s.io/pool-name"
+
+	// PreallocatedForAnnotation marks a claim created during admission that is not handed over yet;
+	// its value is the name of the Metal3Data it was created for. It is an annotation, not a label,
+	// because the Metal3 IPAM copies a claim's labels onto its IPAddress.
+	PreallocatedForAnnotation = "ip-preallocator.metal3.io/preallocated-for"
+	// ClaimsAnnotation on a Metal3Data lists the claims preallocated for it, as kind/name pairs
+	// separated by commas.
+	ClaimsAnnotation = "ip-preallocator.metal3.io/claims"
+
+	KindIPClaim        = "IPClaim"
+	KindIPAddressClaim = "IPAddressClaim"
+)
+
+var (
+	// IPClaimGVK and IPAddressClaimGVK are the versions CAPM3 v1.13.2 creates claims with.
+	IPClaimGVK        = ipamv1.GroupVersion.WithKind(KindIPClaim)
+	IPAddressClaimGVK = capipamv1.GroupVersion.WithKind(KindIPAddressClaim)
+)
+
+// Claim is the claim CAPM3 would create for one pool of one Metal3Data.
+type Claim struct {
+	Pool PoolRef
+	// Object is the claim exactly as CAPM3 creates it: an *ipamv1.IPClaim or a
+	// *capipamv1.IPAddressClaim, with the owner reference CAPM3 gives it.
+	Object client.Object
+	// Lookup holds the names CAPM3 looks for, in order, before it creates the claim: when one of
+	// them exists, CAPM3 uses that claim as it is and creates nothing.
+	Lookup []string
+}
+
+// Kind is the claim's kind, IPClaim or IPAddressClaim.
+func (c Claim) Kind() string { return c.GVK().Kind }
+
+// GVK is the claim's group, version and kind.
+func (c Claim) GVK() schema.GroupVersionKind {
+	if c.Pool.IsMetal3() {
+		return IPClaimGVK
+	}
+	return IPAddressClaimGVK
+}
+
+// Preallocated is the claim as the webhook creates it before the Metal3Data exists: no owner
+// reference, since the Metal3Data has no UID yet and an owner that is not stored makes the
+// garbage collector delete the claim, and the PreallocatedForAnnotation instead. The finalizer
+// keeps the claim until it is handed over or released.
+func (c Claim) Preallocated() client.Object {
+	obj, _ := c.Object.DeepCopyObject().(client.Object)
+	obj.SetOwnerReferences(nil)
+	ann := maps.Clone(obj.GetAnnotations())
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[PreallocatedForAnnotation] = c.Object.GetOwnerReferences()[0].Name
+	obj.SetAnnotations(ann)
+	return obj
+}
+
+// OwnerReference is the reference CAPM3 gives every claim of a Metal3Data.
+func OwnerReference(data metav1.Object) metav1.OwnerReference {
+	return metav1.OwnerReference{
+		APIVersion: infrav1.GroupVersion.String(),
+		Kind:       "Metal3Data",
+		Name:       data.GetName(),
+		UID:        data.GetUID(),
+		Controller: ptr.To(true),
+	}
+}
+
+// Plan returns, for each pool, the claim CAPM3 v1.13.2 would create for data: its kind, name
+// (<metal3data>-<pool>, or <bmh>-<pool> for Metal3 pools in BMH-name mode, as with CAPM3's
+// --enable-bmh-name-based-preallocation), namespace, labels, finalizer, owner reference and spec.
+func Plan(data *infrav1.Metal3Data, pools []PoolRef, bmhName string, bmhNameBased bool) []Claim {
+	claims := make([]Claim, 0, len(pools))
+	for _, pool := range pools {
+		meta := metav1.ObjectMeta{
+			Name:            data.Name + "-" + pool.Name,
+			Namespace:       data.Namespace,
+			Labels:          maps.Clone(data.Labels),
+			Finalizers:      []string{infrav1.DataFinalizer},
+			OwnerReferences: []metav1.OwnerReference{OwnerReference(data)},
+		}
+		if !pool.IsMetal3() {
+			// In BMH-name mode CAPM3 shares one label map between the Metal3Data and its claims,
+			// so an IPAddressClaim carries the data-name and pool-name labels of whichever Metal3
+			// pool its random map iteration visited first, or none; we give it none.
+			claims = append(claims, Claim{
+				Pool:   pool,
+				Lookup: []string{meta.Name},
+				Object: &capipamv1.IPAddressClaim{
+					TypeMeta:   metav1.TypeMeta{APIVersion: IPAddressClaimGVK.GroupVersion().String(), Kind: KindIPAddressClaim},
+					ObjectMeta: meta,
+					Spec: capipamv1.IPAddressClaimSpec{PoolRef: capipamv1.IPPoolReference{
+						Name: pool.Name, APIGroup: pool.APIGroup, Kind: pool.Kind,
+					}},
+				},
+			})
+			continue
+		}
+		lookup := []string{meta.Name}
+		if bmhName != data.Name {
+			lookup = append(lookup, bmhName+"-"+pool.Name)
+		}
+		if bmhNameBased {
+			meta.Name = bmhName + "-" + pool.Name
+			if meta.Labels == nil {
+				meta.Labels = map[string]string{}
+			}
+			meta.Labels[DataLabelName] = data.Name
+			meta.Labels[PoolLabelName] = pool.Name
+		}
+		claims = append(claims, Claim{
+			Pool:   pool,
+			Lookup: lookup,
+			Object: &ipamv1.IPClaim{
+				TypeMeta:   metav1.TypeMeta{APIVersion: IPClaimGVK.GroupVersion().String(), Kind: KindIPClaim},
+				ObjectMeta: meta,
+				Spec: ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{
+					Name: pool.Name, Namespace: data.Namespace,
+				}},
+			},
+		})
+	}
+	return claims
+}

@@ -1,0 +1,247 @@
+// Package allocation holds the IP-claim domain of CAPM3's Metal3Data controller, free of admission
+// types: which pools a Metal3DataTemplate references, which claims CAPM3 v1.13.2 would create for a
+// Metal3Data, creating them ahead of CAPM3, handing them over and fetching their addresses.
+package allocation
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+const (
+	// Metal3PoolGroup and Metal3PoolKind are what CAPM3 defaults a pool reference to.
+	Metal3PoolGroup = "ipam.metal3.io"
+	Metal3PoolKind  = "IPPool"
+
+	// Objects a fromPoolAnnotation may read, as CAPM3 spells them (compared case-insensitively).
+	ObjectMachine       = "machine"
+	ObjectMetal3Machine = "metal3machine"
+	ObjectBareMetalHost = "baremetalhost"
+)
+
+// ErrConflictingPoolTypes is CAPM3's reconcile-time error for a pool name used with two group/kinds.
+var ErrConflictingPoolTypes = errors.New("multiple references with the same name but different resource types")
+
+// PoolRef is a pool reference with CAPM3's defaults applied.
+type PoolRef struct {
+	Name     string
+	APIGroup string
+	Kind     string
+}
+
+// IsMetal3 tells whether CAPM3 claims this pool with an ipam.metal3.io IPClaim rather than a
+// Cluster API IPAddressClaim.
+func (p PoolRef) IsMetal3() bool {
+	return p.APIGroup == Metal3PoolGroup && p.Kind == Metal3PoolKind
+}
+
+func (p PoolRef) String() string {
+	return p.APIGroup + "/" + p.Kind + "/" + p.Name
+}
+
+// Reference is one place in a Metal3DataTemplate that names a pool, as written.
+type Reference struct {
+	Path *field.Path
+	// Pool is the reference as written; empty when FromAnnotation names the pool instead.
+	Pool infrav1.IPPoolReference
+	// FromAnnotation, when set, makes the pool name the value of an annotation on a machine object.
+	FromAnnotation *infrav1.FromPoolAnnotation
+	// MetaDataGroupKind is set for metaData *FromPool entries: their apiGroup and kind, which
+	// CAPM3 v1.13.2 ignores (it always uses a Metal3 IPPool).
+	MetaDataGroupKind *metav1.GroupKind
+}
+
+// References lists every pool reference of a template in the order CAPM3's getReferencedPools
+// visits them, including fromPoolAnnotation entries that only resolve against a machine.
+func References(tmpl *infrav1.Metal3DataTemplate) []Reference {
+	var refs []Reference
+	spec := field.NewPath("spec")
+	if md := tmpl.Spec.MetaData; md != nil {
+		p := spec.Child("metaData")
+		for _, list := range []struct {
+			name  string
+			pools []infrav1.FromPool
+		}{
+			{"ipAddressesFromPool", md.IPAddressesFromPool},
+			{"prefixesFromPool", md.PrefixesFromPool},
+			{"gatewaysFromPool", md.GatewaysFromPool},
+			{"dnsServersFromPool", md.DNSServersFromPool},
+		} {
+			for i, pool := range list.pools {
+				refs = append(refs, Reference{
+					Path:              p.Child(list.name).Index(i).Child("name"),
+					Pool:              infrav1.IPPoolReference{Name: pool.Name, APIGroup: Metal3PoolGroup, Kind: Metal3PoolKind},
+					MetaDataGroupKind: &metav1.GroupKind{Group: pool.APIGroup, Kind: pool.Kind},
+				})
+			}
+		}
+	}
+	nd := tmpl.Spec.NetworkData
+	if nd != nil && nd.Networks != nil {
+		p := spec.Child("networkData", "networks")
+		for i, n := range nd.Networks.IPv4 {
+			np := p.Child("ipv4").Index(i)
+			refs = appendAddressRefs(refs, np, n.FromPoolAnnotation, n.FromPoolRef, n.IPAddressFromIPPool)
+			for j, r := range n.Routes {
+				refs = appendRouteRefs(refs, np.Child("routes").Index(j), &r.Gateway.FromPoolAnnotation,
+					r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv4(r.Services))
+			}
+		}
+		for i, n := range nd.Networks.IPv6 {
+			np := p.Child("ipv6").Index(i)
+			refs = appendAddressRefs(refs, np, n.FromPoolAnnotation, n.FromPoolRef, n.IPAddressFromIPPool)
+			for j, r := range n.Routes {
+				refs = appendRouteRefs(refs, np.Child("routes").Index(j), &r.Gateway.FromPoolAnnotation,
+					r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv6(r.Services))
+			}
+		}
+		// CAPM3 ignores fromPoolAnnotation on the routes of DHCP and SLAAC networks.
+		for i, n := range nd.Networks.IPv4DHCP {
+			for j, r := range n.Routes {
+				refs = appendRouteRefs(refs, p.Child("ipv4DHCP").Index(i).Child("routes").Index(j), nil,
+					r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv4(r.Services))
+			}
+		}
+		for _, list := range []struct {
+			name     string
+			networks []infrav1.NetworkDataIPv6DHCP
+		}{{"ipv6DHCP", nd.Networks.IPv6DHCP}, {"ipv6SLAAC", nd.Networks.IPv6SLAAC}} {
+			for i, n := range list.networks {
+				for j, r := range n.Routes {
+					refs = appendRouteRefs(refs, p.Child(list.name).Index(i).Child("routes").Index(j), nil,
+						r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv6(r.Services))
+				}
+			}
+		}
+	}
+	if nd != nil && nd.Services != nil && nd.Services.DNSFromIPPool != "" {
+		refs = append(refs, Reference{
+			Path: spec.Child("networkData", "services", "dnsFromIPPool"),
+			Pool: infrav1.IPPoolReference{Name: nd.Services.DNSFromIPPool},
+		})
+	}
+	return refs
+}
+
+// appendAddressRefs mirrors CAPM3 for a static network: the annotation pool when one is given,
+// and then, independently, fromPoolRef or else ipAddressFromIPPool.
+func appendAddressRefs(refs []Reference, p *field.Path, ann infrav1.FromPoolAnnotation,
+	ref infrav1.IPPoolReference, name string) []Reference {
+	if ann != (infrav1.FromPoolAnnotation{}) {
+		refs = append(refs, Reference{Path: p.Child("fromPoolAnnotation"), FromAnnotation: &ann})
+	}
+	switch {
+	case ref.Name != "":
+		refs = append(refs, Reference{Path: p.Child("fromPoolRef"), Pool: ref})
+	case name != "":
+		refs = append(refs, Reference{Path: p.Child("ipAddressFromIPPool"), Pool: infrav1.IPPoolReference{Name: name}})
+	}
+	return refs
+}
+
+func appendRouteRefs(refs []Reference, p *field.Path, ann *infrav1.FromPoolAnnotation,
+	ref infrav1.IPPoolReference, name, dnsPool string) []Reference {
+	gw := p.Child("gateway")
+	if ann != nil {
+		refs = appendAddressRefs(refs, gw, *ann, infrav1.IPPoolReference{}, "")
+	}
+	switch {
+	case ref.Name != "":
+		refs = append(refs, Reference{Path: gw.Child("fromPoolRef"), Pool: ref})
+	case name != "":
+		refs = append(refs, Reference{Path: gw.Child("fromIPPool"), Pool: infrav1.IPPoolReference{Name: name}})
+	}
+	if dnsPool != "" {
+		refs = append(refs, Reference{
+			Path: p.Child("services", "dnsFromIPPool"),
+			Pool: infrav1.IPPoolReference{Name: dnsPool},
+		})
+	}
+	return refs
+}
+
+func servicesv4(s *infrav1.NetworkDataServicev4) string {
+	if s == nil {
+		return ""
+	}
+	return s.DNSFromIPPool
+}
+
+func servicesv6(s *infrav1.NetworkDataServicev6) string {
+	if s == nil {
+		return ""
+	}
+	return s.DNSFromIPPool
+}
+
+// Machine is what a fromPoolAnnotation can be read from: the CAPI Machine, the Metal3Machine and
+// the BareMetalHost of one Metal3Data. Only their annotations are read.
+type Machine struct {
+	Machine       metav1.Object
+	Metal3Machine metav1.Object
+	BareMetalHost metav1.Object
+}
+
+// annotation mirrors CAPM3's getValueFromAnnotation.
+func (m Machine) annotation(a infrav1.FromPoolAnnotation) (string, error) {
+	var obj metav1.Object
+	switch strings.ToLower(a.Object) {
+	case ObjectMachine:
+		obj = m.Machine
+	case ObjectMetal3Machine:
+		obj = m.Metal3Machine
+	case ObjectBareMetalHost:
+		obj = m.BareMetalHost
+	default:
+		return "", fmt.Errorf("unknown object type %q", a.Object)
+	}
+	if obj == nil {
+		return "", fmt.Errorf("%s is nil but referenced in annotation %s", a.Object, a.Annotation)
+	}
+	return obj.GetAnnotations()[a.Annotation], nil
+}
+
+// ReferencedPools returns the pools a template references for one machine, exactly as CAPM3
+// v1.13.2's getReferencedPools computes them: group and kind defaulted, fromPoolAnnotation
+// resolved, and an error when one name is used with two group/kinds. The order is the order of
+// first reference.
+func ReferencedPools(tmpl *infrav1.Metal3DataTemplate, m Machine) ([]PoolRef, error) {
+	var pools []PoolRef
+	index := map[string]int{}
+	for _, ref := range References(tmpl) {
+		pool := PoolRef{Name: ref.Pool.Name, APIGroup: ref.Pool.APIGroup, Kind: ref.Pool.Kind}
+		if ref.FromAnnotation != nil {
+			name, err := m.annotation(*ref.FromAnnotation)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", ref.Path, err)
+			}
+			if name == "" {
+				return nil, fmt.Errorf("%s: annotation %s not found or empty on %s",
+					ref.Path, ref.FromAnnotation.Annotation, ref.FromAnnotation.Object)
+			}
+			pool = PoolRef{Name: name, APIGroup: Metal3PoolGroup, Kind: Metal3PoolKind}
+		}
+		if pool.APIGroup == "" {
+			pool.APIGroup = Metal3PoolGroup
+		}
+		if pool.Kind == "" {
+			pool.Kind = Metal3PoolKind
+		}
+		i, seen := index[pool.Name]
+		if !seen {
+			index[pool.Name] = len(pools)
+			pools = append(pools, pool)
+			continue
+		}
+		if pools[i] != pool {
+			return nil, fmt.Errorf("%s: pool %q: %w (%s/%s and %s/%s)", ref.Path, pool.Name, ErrConflictingPoolTypes,
+				pools[i].APIGroup, pools[i].Kind, pool.APIGroup, pool.Kind)
+		}
+	}
+	return pools, nil
+}

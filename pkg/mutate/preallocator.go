@@ -1,0 +1,320 @@
+// Package mutate holds the mutating admission handler that preallocates a Metal3Data's IP claims.
+package mutate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+)
+
+// HostAnnotation is where the Metal3Machine controller records its BareMetalHost.
+const HostAnnotation = "metal3.io/BareMetalHost"
+
+// Reasons for admitting a Metal3Data without preallocating; they are metric label values.
+const (
+	ReasonDryRun            = "DryRun"
+	ReasonAlreadyRendered   = "AlreadyRendered"
+	ReasonPaused            = "Paused"
+	ReasonNoName            = "NoName"
+	ReasonNoTemplate        = "NoTemplate"
+	ReasonTemplateNotFound  = "TemplateNotFound"
+	ReasonClusterNotFound   = "ClusterNotFound"
+	ReasonTemplateMismatch  = "TemplateOfOtherCluster"
+	ReasonNoPools           = "NoPools"
+	ReasonInvalidName       = "InvalidName"
+	ReasonObjectMissing     = "ObjectMissing"
+	ReasonInvalidReferences = "InvalidPoolReferences"
+	ReasonReadFailed        = "ReadFailed"
+)
+
+// +kubebuilder:webhook:path=/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups=infrastructure.cluster.x-k8s.io,resources=metal3datas,verbs=create,versions=v1beta2,name=preallocate.metal3data.ip-preallocator.metal3.io,matchPolicy=Equivalent,reinvocationPolicy=Never,timeoutSeconds=5,admissionReviewVersions=v1
+
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=metal3datatemplates;metal3machines,verbs=get;list;watch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=metal3dataclaims,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;machines,verbs=get;list;watch
+// +kubebuilder:rbac:groups=metal3.io,resources=baremetalhosts,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ipam.metal3.io,resources=ipclaims,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;create
+
+// Preallocator is the mutating admission handler for Metal3Data CREATE: it creates the IP claims
+// CAPM3 would create in its first reconcile and records them in allocation.ClaimsAnnotation. It
+// admits every Metal3Data; when it cannot preallocate, it changes nothing and CAPM3 claims as usual.
+type Preallocator struct {
+	// Reader resolves the objects CAPM3 reads; it should be the manager's cache.
+	Reader  client.Reader
+	Creator *allocation.Creator
+	Decoder admission.Decoder
+	// BMHNameBased mirrors CAPM3's --enable-bmh-name-based-preallocation.
+	BMHNameBased bool
+	// Timeout bounds the claim creation; keep it below the webhook's timeoutSeconds.
+	Timeout time.Duration
+}
+
+var _ admission.Handler = &Preallocator{}
+
+// skip is a reason not to preallocate, with a message for the log.
+type skip struct {
+	reason string
+	msg    string
+}
+
+func (s *skip) Error() string { return s.reason + ": " + s.msg }
+
+func skipf(reason, format string, args ...any) *skip {
+	return &skip{reason: reason, msg: fmt.Sprintf(format, args...)}
+}
+
+// Handle implements admission.Handler.
+func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	if req.Operation != admissionv1.Create {
+		return admission.Allowed("")
+	}
+	data := &infrav1.Metal3Data{}
+	if err := p.Decoder.Decode(req, data); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding Metal3Data: %w", err))
+	}
+	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(req.Namespace, data.Name))
+	ctx = log.IntoContext(ctx, logger)
+	if data.Namespace == "" {
+		data.Namespace = req.Namespace
+	}
+
+	if req.DryRun != nil && *req.DryRun {
+		return p.skipped(ctx, skipf(ReasonDryRun, "dry-run request"))
+	}
+	claims, err := p.plan(ctx, data)
+	if err != nil {
+		var s *skip
+		if !errors.As(err, &s) {
+			s = skipf(ReasonReadFailed, "%v", err)
+		}
+		return p.skipped(ctx, s)
+	}
+
+	logger.V(2).Info("Creating IP claims ahead of CAPM3", "count", len(claims))
+	createCtx, cancel := context.WithTimeout(ctx, p.Timeout)
+	start := time.Now()
+	results := p.Creator.Create(createCtx, data.Name, claims)
+	cancel()
+	claimCreationSeconds.Observe(time.Since(start).Seconds())
+	return p.respond(ctx, data, results)
+}
+
+func (p *Preallocator) skipped(ctx context.Context, s *skip) admission.Response {
+	log.FromContext(ctx).V(1).Info("Not preallocating IP claims", "reason", s.reason, "detail", s.msg)
+	admissionsTotal.WithLabelValues("skipped", s.reason).Inc()
+	resp := admission.Allowed("")
+	if s.reason == ReasonInvalidReferences || s.reason == ReasonReadFailed {
+		resp = resp.WithWarnings("ip-preallocator: IP claims not preallocated (CAPM3 will create them): " + s.msg)
+	}
+	return resp
+}
+
+func (p *Preallocator) respond(ctx context.Context, data *infrav1.Metal3Data, results []allocation.Result) admission.Response {
+	logger := log.FromContext(ctx)
+	var recorded, warnings []string
+	for _, r := range results {
+		claimsTotal.WithLabelValues(r.Claim.Kind(), string(r.Outcome)).Inc()
+		switch r.Outcome {
+		case allocation.Created, allocation.Reused:
+			logger.V(2).Info("Preallocated IP claim", r.Claim.Kind(), klog.KRef(data.Namespace, r.Name), "outcome", r.Outcome)
+			recorded = append(recorded, r.Claim.Kind()+"/"+r.Name)
+		default:
+			logger.Info("IP claim left to CAPM3", r.Claim.Kind(), klog.KRef(data.Namespace, r.Name), "outcome", r.Outcome, "error", r.Err)
+			warnings = append(warnings, fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %v", r.Claim.Kind(), r.Name, r.Err))
+		}
+	}
+	outcome := "preallocated"
+	switch {
+	case len(recorded) == 0:
+		outcome = "failed"
+	case len(warnings) > 0:
+		outcome = "partial"
+	}
+	admissionsTotal.WithLabelValues(outcome, "").Inc()
+	if len(recorded) == 0 {
+		return admission.Allowed("").WithWarnings(warnings...)
+	}
+	return admission.Patched("", annotationPatch(data.Annotations, strings.Join(recorded, ","))).WithWarnings(warnings...)
+}
+
+// annotationPatch records the preallocated claims without touching anything else of the object.
+func annotationPatch(existing map[string]string, value string) jsonpatch.JsonPatchOperation {
+	if existing == nil {
+		return jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{allocation.ClaimsAnnotation: value})
+	}
+	key := strings.ReplaceAll(strings.ReplaceAll(allocation.ClaimsAnnotation, "~", "~0"), "/", "~1")
+	return jsonpatch.NewOperation("add", "/metadata/annotations/"+key, value)
+}
+
+// plan mirrors the checks CAPM3's Metal3Data reconciler makes before it creates claims, reading
+// the same objects through the cache, and returns the claims it would create. A *skip error says
+// why CAPM3 would not create claims now, or why we cannot know which.
+func (p *Preallocator) plan(ctx context.Context, data *infrav1.Metal3Data) ([]allocation.Claim, error) {
+	if data.Spec.MetaData != nil || data.Spec.NetworkData != nil {
+		return nil, skipf(ReasonAlreadyRendered, "spec.metaData or spec.networkData is set (moved or restored)")
+	}
+	if data.Name == "" {
+		return nil, skipf(ReasonNoName, "metadata.name is not set, so claim names are unknown")
+	}
+	if annotations.HasPaused(data) {
+		return nil, skipf(ReasonPaused, "the Metal3Data carries %s", clusterv1.PausedAnnotation)
+	}
+	if data.Spec.Template == nil || data.Spec.Template.Name == "" {
+		return nil, skipf(ReasonNoTemplate, "spec.template is not set")
+	}
+
+	clusterName := data.Labels[clusterv1.ClusterNameLabel]
+	if clusterName == "" {
+		return nil, skipf(ReasonClusterNotFound, "label %s is not set", clusterv1.ClusterNameLabel)
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := p.get(ctx, data.Namespace, clusterName, cluster); err != nil {
+		return nil, notFoundAs(err, ReasonClusterNotFound)
+	}
+	if annotations.IsPaused(cluster, data) {
+		return nil, skipf(ReasonPaused, "Cluster %s is paused", clusterName)
+	}
+
+	tmplNamespace := data.Spec.Template.Namespace
+	if tmplNamespace == "" {
+		tmplNamespace = data.Namespace
+	}
+	tmpl := &infrav1.Metal3DataTemplate{}
+	if err := p.get(ctx, tmplNamespace, data.Spec.Template.Name, tmpl); err != nil {
+		return nil, notFoundAs(err, ReasonTemplateNotFound)
+	}
+	if tmpl.Spec.ClusterName != clusterName {
+		return nil, skipf(ReasonTemplateMismatch, "Metal3DataTemplate %s belongs to cluster %q", tmpl.Name, tmpl.Spec.ClusterName)
+	}
+	if len(allocation.References(tmpl)) == 0 {
+		return nil, skipf(ReasonNoPools, "Metal3DataTemplate %s references no IP pool", tmpl.Name)
+	}
+	// CAPM3's validating webhook rejects such a Metal3Data after us; claims for it would only be released.
+	if data.Spec.Index != nil && data.Name != tmpl.Name+"-"+strconv.Itoa(int(*data.Spec.Index)) {
+		return nil, skipf(ReasonInvalidName, "name does not follow <template>-<index>")
+	}
+
+	m3m, err := p.metal3Machine(ctx, data, tmpl)
+	if err != nil {
+		return nil, err
+	}
+	machine, err := p.ownerMachine(ctx, m3m)
+	if err != nil {
+		return nil, err
+	}
+	bmh, err := p.host(ctx, m3m)
+	if err != nil {
+		return nil, err
+	}
+	pools, err := allocation.ReferencedPools(tmpl, allocation.Machine{Machine: machine, Metal3Machine: m3m, BareMetalHost: bmh})
+	if err != nil {
+		return nil, skipf(ReasonInvalidReferences, "Metal3DataTemplate %s: %v", tmpl.Name, err)
+	}
+	return allocation.Plan(data, pools, bmh.Name, p.BMHNameBased), nil
+}
+
+// metal3Machine follows the Metal3DataClaim to its Metal3Machine, as CAPM3's getM3Machine does.
+func (p *Preallocator) metal3Machine(ctx context.Context, data *infrav1.Metal3Data, tmpl *infrav1.Metal3DataTemplate) (*infrav1.Metal3Machine, error) {
+	if data.Spec.Claim == nil || data.Spec.Claim.Name == "" {
+		return nil, skipf(ReasonObjectMissing, "spec.claim is not set")
+	}
+	claim := metadataOf(infrav1.GroupVersion.WithKind("Metal3DataClaim"))
+	if err := p.get(ctx, data.Namespace, data.Spec.Claim.Name, claim); err != nil {
+		return nil, notFoundAs(err, ReasonObjectMissing)
+	}
+	name := ownerName(claim.OwnerReferences, infrav1.GroupVersion.Group, "Metal3Machine")
+	if name == "" {
+		return nil, skipf(ReasonObjectMissing, "Metal3DataClaim %s has no Metal3Machine owner", claim.Name)
+	}
+	m3m := &infrav1.Metal3Machine{}
+	if err := p.get(ctx, data.Namespace, name, m3m); err != nil {
+		return nil, notFoundAs(err, ReasonObjectMissing)
+	}
+	ref := m3m.Spec.DataTemplate
+	if ref == nil || ref.Name != tmpl.Name || (ref.Namespace != "" && ref.Namespace != tmpl.Namespace) {
+		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s does not use Metal3DataTemplate %s", name, tmpl.Name)
+	}
+	return m3m, nil
+}
+
+func (p *Preallocator) ownerMachine(ctx context.Context, m3m *infrav1.Metal3Machine) (*metav1.PartialObjectMetadata, error) {
+	name := ownerName(m3m.OwnerReferences, clusterv1.GroupVersion.Group, "Machine")
+	if name == "" {
+		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s has no Machine owner yet", m3m.Name)
+	}
+	machine := metadataOf(clusterv1.GroupVersion.WithKind("Machine"))
+	if err := p.get(ctx, m3m.Namespace, name, machine); err != nil {
+		return nil, notFoundAs(err, ReasonObjectMissing)
+	}
+	return machine, nil
+}
+
+// host mirrors CAPM3's getHost: the annotation's namespace is ignored.
+func (p *Preallocator) host(ctx context.Context, m3m *infrav1.Metal3Machine) (*metav1.PartialObjectMetadata, error) {
+	value, ok := m3m.Annotations[HostAnnotation]
+	if !ok {
+		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s has no BareMetalHost yet", m3m.Name)
+	}
+	_, name, err := cache.SplitMetaNamespaceKey(value)
+	if err != nil {
+		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s: annotation %s: %v", m3m.Name, HostAnnotation, err)
+	}
+	bmh := metadataOf(bmov1alpha1.GroupVersion.WithKind("BareMetalHost"))
+	if err := p.get(ctx, m3m.Namespace, name, bmh); err != nil {
+		return nil, notFoundAs(err, ReasonObjectMissing)
+	}
+	return bmh, nil
+}
+
+func (p *Preallocator) get(ctx context.Context, namespace, name string, obj client.Object) error {
+	return p.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, obj)
+}
+
+func metadataOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(gvk)
+	return m
+}
+
+// ownerName finds an owner by group and kind, ignoring version and UID as CAPM3 does.
+func ownerName(refs []metav1.OwnerReference, group, kind string) string {
+	i := slices.IndexFunc(refs, func(ref metav1.OwnerReference) bool {
+		gv, err := schema.ParseGroupVersion(ref.APIVersion)
+		return err == nil && ref.Kind == kind && gv.Group == group
+	})
+	if i < 0 {
+		return ""
+	}
+	return refs[i].Name
+}
+
+func notFoundAs(err error, reason string) error {
+	if apierrors.IsNotFound(err) {
+		return skipf(reason, "%v", err)
+	}
+	return err
+}
