@@ -1,0 +1,207 @@
+package allocation
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+)
+
+func scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = infrav1.AddToScheme(s)
+	_ = ipamv1.AddToScheme(s)
+	_ = capipamv1.AddToScheme(s)
+	return s
+}
+
+func fakeClient(funcs *interceptor.Funcs, objs ...client.Object) client.WithWatch {
+	b := fake.NewClientBuilder().WithScheme(scheme()).WithObjects(objs...)
+	if funcs != nil {
+		b = b.WithInterceptorFuncs(*funcs)
+	}
+	return b.Build()
+}
+
+func plannedClaims() []Claim {
+	data := testData()
+	data.UID = ""
+	return Plan(data, []PoolRef{metal3("a"), metal3("b"), {Name: "capi", APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool"}}, "host", false)
+}
+
+func existingIPClaim(name string, annotations map[string]string, owners ...metav1.OwnerReference) *ipamv1.IPClaim {
+	return &ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Annotations: annotations, OwnerReferences: owners}}
+}
+
+func outcomes(results []Result) map[string]Outcome {
+	out := map[string]Outcome{}
+	for _, r := range results {
+		out[r.Name] = r.Outcome
+	}
+	return out
+}
+
+func TestCreate(t *testing.T) {
+	oldOwner := metav1.OwnerReference{APIVersion: "infrastructure.cluster.x-k8s.io/v1beta2", Kind: "Metal3Data", Name: "tmpl-0", UID: "old"}
+	failB := &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		if obj.GetName() == "tmpl-0-b" {
+			return apierrors.NewServiceUnavailable("etcd is sad")
+		}
+		return c.Create(ctx, obj, opts...)
+	}}
+
+	for _, tc := range []struct {
+		name     string
+		existing []client.Object
+		funcs    *interceptor.Funcs
+		want     map[string]Outcome
+	}{
+		{
+			name: "all created",
+			want: map[string]Outcome{"tmpl-0-a": Created, "tmpl-0-b": Created, "tmpl-0-capi": Created},
+		},
+		{
+			name:     "an earlier preallocation for this name is reused",
+			existing: []client.Object{existingIPClaim("tmpl-0-a", map[string]string{PreallocatedForAnnotation: "tmpl-0"})},
+			want:     map[string]Outcome{"tmpl-0-a": Reused, "tmpl-0-b": Created, "tmpl-0-capi": Created},
+		},
+		{
+			name: "claims of an earlier Metal3Data or of another one are foreign",
+			existing: []client.Object{
+				existingIPClaim("tmpl-0-a", nil, oldOwner),
+				existingIPClaim("tmpl-0-b", map[string]string{PreallocatedForAnnotation: "tmpl-9"}),
+			},
+			want: map[string]Outcome{"tmpl-0-a": Foreign, "tmpl-0-b": Foreign, "tmpl-0-capi": Created},
+		},
+		{
+			name:     "a claim named after the host is used by CAPM3, so none is created",
+			existing: []client.Object{existingIPClaim("host-a", nil, oldOwner)},
+			want:     map[string]Outcome{"host-a": Foreign, "tmpl-0-b": Created, "tmpl-0-capi": Created},
+		},
+		{
+			name:  "one create failing among several",
+			funcs: failB,
+			want:  map[string]Outcome{"tmpl-0-a": Created, "tmpl-0-b": Failed, "tmpl-0-capi": Created},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fakeClient(tc.funcs, tc.existing...)
+			before := map[string]string{}
+			for _, obj := range tc.existing {
+				before[obj.GetName()] = obj.GetResourceVersion()
+			}
+			results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", plannedClaims())
+			got := outcomes(results)
+			if len(got) != len(tc.want) {
+				t.Fatalf("outcomes = %v, want %v", got, tc.want)
+			}
+			for name, want := range tc.want {
+				if got[name] != want {
+					t.Errorf("%s: %s, want %s", name, got[name], want)
+				}
+			}
+			for _, r := range results {
+				if (r.Err != nil) != (r.Outcome == Foreign || r.Outcome == Failed) {
+					t.Errorf("%s: outcome %s with error %v", r.Name, r.Outcome, r.Err)
+				}
+				if r.Outcome != Created {
+					continue
+				}
+				obj, _ := r.Claim.Object.DeepCopyObject().(client.Object)
+				if err := c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: r.Name}, obj); err != nil {
+					t.Fatal(err)
+				}
+				if obj.GetAnnotations()[PreallocatedForAnnotation] != "tmpl-0" || len(obj.GetOwnerReferences()) != 0 {
+					t.Errorf("%s created as %v", r.Name, obj)
+				}
+			}
+			for _, obj := range tc.existing {
+				current := &ipamv1.IPClaim{}
+				if err := c.Get(context.Background(), client.ObjectKeyFromObject(obj), current); err != nil {
+					t.Fatal(err)
+				}
+				if current.ResourceVersion != before[obj.GetName()] {
+					t.Errorf("existing claim %s was modified", obj.GetName())
+				}
+			}
+		})
+	}
+}
+
+// TestCreateRaceWithStaleCache: the cache has not seen a claim that exists; the create fails with
+// AlreadyExists and a live read decides.
+func TestCreateRaceWithStaleCache(t *testing.T) {
+	live := fakeClient(nil,
+		existingIPClaim("tmpl-0-a", map[string]string{PreallocatedForAnnotation: "tmpl-0"}),
+		existingIPClaim("tmpl-0-b", nil, metav1.OwnerReference{Kind: "Metal3Data", Name: "tmpl-0", UID: "old"}))
+	staleCache := fakeClient(nil)
+	results := (&Creator{Client: live, Cache: staleCache, APIReader: live}).Create(context.Background(), "tmpl-0", plannedClaims()[:2])
+	got := outcomes(results)
+	if got["tmpl-0-a"] != Reused || got["tmpl-0-b"] != Foreign {
+		t.Fatalf("outcomes = %v", got)
+	}
+}
+
+// TestCreateIsConcurrent: every create waits until all have started; done one after another they
+// would all run into the deadline.
+func TestCreateIsConcurrent(t *testing.T) {
+	claims := plannedClaims()
+	var started sync.WaitGroup
+	started.Add(len(claims))
+	c := fakeClient(&interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		started.Done()
+		started.Wait()
+		return c.Create(ctx, obj, opts...)
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, r := range (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", claims) {
+		if r.Outcome != Created {
+			t.Errorf("%s: %s %v", r.Name, r.Outcome, r.Err)
+		}
+	}
+}
+
+// TestCreateStopsAtDeadline: an API server that does not answer costs the admission its deadline,
+// not more, and the claim is reported failed.
+func TestCreateStopsAtDeadline(t *testing.T) {
+	c := fakeClient(&interceptor.Funcs{Create: func(ctx context.Context, _ client.WithWatch, _ client.Object, _ ...client.CreateOption) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", plannedClaims())
+	if elapsed := time.Since(start); elapsed > 2*time.Second {
+		t.Errorf("Create took %v", elapsed)
+	}
+	for _, r := range results {
+		if r.Outcome != Failed || !errors.Is(r.Err, context.DeadlineExceeded) {
+			t.Errorf("%s: %s %v", r.Name, r.Outcome, r.Err)
+		}
+	}
+}
+
+func TestForeignErrorNamesTheClaim(t *testing.T) {
+	c := fakeClient(nil, existingIPClaim("tmpl-0-a", nil))
+	r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", plannedClaims()[:1])[0]
+	if r.Outcome != Foreign || !strings.Contains(r.Err.Error(), "IPClaim ns/tmpl-0-a exists") {
+		t.Fatalf("%s: %v", r.Outcome, r.Err)
+	}
+}

@@ -1,0 +1,230 @@
+package mutate
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+)
+
+// TestSkips: each case breaks one thing CAPM3 needs before it creates claims; the Metal3Data is
+// admitted unchanged and nothing is written.
+func TestSkips(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		reason      string
+		mutate      func(m *fixtures.Machine)
+		without     func(m *fixtures.Machine) client.Object
+		dryRun      bool
+		wantWarning string
+	}{
+		{name: "dry run", reason: ReasonDryRun, dryRun: true},
+		{name: "moved Metal3Data with metaData", reason: ReasonAlreadyRendered, mutate: func(m *fixtures.Machine) {
+			m.Data.Spec.MetaData = &corev1.SecretReference{Name: "m3m-3-metadata"}
+		}},
+		{name: "restored Metal3Data with networkData", reason: ReasonAlreadyRendered, mutate: func(m *fixtures.Machine) {
+			m.Data.Spec.NetworkData = &corev1.SecretReference{Name: "m3m-3-networkdata"}
+		}},
+		{name: "paused Metal3Data", reason: ReasonPaused, mutate: func(m *fixtures.Machine) {
+			m.Data.Annotations = map[string]string{"cluster.x-k8s.io/paused": ""}
+		}},
+		{name: "paused Cluster", reason: ReasonPaused, mutate: func(m *fixtures.Machine) {
+			m.Cluster.Spec.Paused = ptr.To(true)
+		}},
+		{name: "no cluster label", reason: ReasonClusterNotFound, mutate: func(m *fixtures.Machine) {
+			m.Data.Labels = nil
+		}},
+		{name: "no Cluster", reason: ReasonClusterNotFound, without: func(m *fixtures.Machine) client.Object { return m.Cluster }},
+		{name: "generated name", reason: ReasonNoName, mutate: func(m *fixtures.Machine) {
+			m.Data.GenerateName, m.Data.Name = m.Data.Name, ""
+		}},
+		{name: "no template reference", reason: ReasonNoTemplate, mutate: func(m *fixtures.Machine) { m.Data.Spec.Template = nil }},
+		{name: "no template", reason: ReasonTemplateNotFound, without: func(m *fixtures.Machine) client.Object { return m.Template }},
+		{name: "template of another cluster", reason: ReasonTemplateMismatch, mutate: func(m *fixtures.Machine) {
+			m.Template.Spec.ClusterName = "other"
+		}},
+		{name: "template without pools", reason: ReasonNoPools, mutate: func(m *fixtures.Machine) {
+			m.Template.Spec.MetaData, m.Template.Spec.NetworkData = nil, nil
+		}},
+		{name: "name CAPM3's webhook rejects", reason: ReasonInvalidName, mutate: func(m *fixtures.Machine) {
+			m.Data.Spec.Index = ptr.To(int32(7))
+		}},
+		{name: "no claim reference", reason: ReasonObjectMissing, mutate: func(m *fixtures.Machine) { m.Data.Spec.Claim = nil }},
+		{name: "no Metal3DataClaim", reason: ReasonObjectMissing, without: func(m *fixtures.Machine) client.Object { return m.DataClaim }},
+		{name: "Metal3DataClaim without owner", reason: ReasonObjectMissing, mutate: func(m *fixtures.Machine) {
+			m.DataClaim.OwnerReferences = nil
+		}},
+		{name: "no Metal3Machine", reason: ReasonObjectMissing, without: func(m *fixtures.Machine) client.Object { return m.Metal3Machine }},
+		{name: "Metal3Machine of another template", reason: ReasonObjectMissing, mutate: func(m *fixtures.Machine) {
+			m.Metal3Machine.Spec.DataTemplate = &infrav1.Metal3ObjectRef{Name: "other"}
+		}},
+		{name: "Metal3Machine without Machine owner", reason: ReasonObjectMissing, mutate: func(m *fixtures.Machine) {
+			m.Metal3Machine.OwnerReferences = nil
+		}},
+		{name: "no Machine", reason: ReasonObjectMissing, without: func(m *fixtures.Machine) client.Object { return m.Machine }},
+		{name: "no host annotation", reason: ReasonObjectMissing, mutate: func(m *fixtures.Machine) {
+			delete(m.Metal3Machine.Annotations, HostAnnotation)
+		}},
+		{name: "no BareMetalHost", reason: ReasonObjectMissing, without: func(m *fixtures.Machine) client.Object { return m.Host }},
+		{
+			name: "pool annotation missing", reason: ReasonInvalidReferences,
+			mutate:      func(m *fixtures.Machine) { m.Host.Annotations = nil },
+			wantWarning: "spec.networkData.networks.ipv4[5].fromPoolAnnotation: annotation example.com/provisioning-pool not found or empty on baremetalhost",
+		},
+		{
+			name: "conflicting pool kinds", reason: ReasonInvalidReferences,
+			mutate: func(m *fixtures.Machine) {
+				m.Template.Spec.NetworkData.Networks.IPv4[2].IPAddressFromIPPool = "pool-capi"
+			},
+			wantWarning: "multiple references with the same name but different resource types",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
+			if tc.mutate != nil {
+				tc.mutate(m)
+			}
+			var objs []client.Object
+			for _, obj := range m.Objects() {
+				if tc.without == nil || obj != tc.without(m) {
+					objs = append(objs, obj)
+				}
+			}
+			writes := 0
+			c := newClient(objs, &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+				writes++
+				return c.Create(ctx, obj, opts...)
+			}})
+			skipped := admissionsTotal.WithLabelValues("skipped", tc.reason)
+			before := testutil.ToFloat64(skipped)
+
+			resp := newPreallocator(c, false).Handle(context.Background(), createRequest(t, m.Data, tc.dryRun))
+
+			if !resp.Allowed || len(resp.Patches) != 0 {
+				t.Fatalf("allowed=%v patches=%v result=%v", resp.Allowed, resp.Patches, resp.Result)
+			}
+			if writes != 0 || len(claimsIn(t, c)) != 0 {
+				t.Errorf("%d writes, claims %v", writes, claimsIn(t, c))
+			}
+			if got := testutil.ToFloat64(skipped) - before; got != 1 {
+				t.Errorf("skip metric for %s rose by %v", tc.reason, got)
+			}
+			warnings := strings.Join(resp.Warnings, "\n")
+			if tc.wantWarning == "" && warnings != "" || !strings.Contains(warnings, tc.wantWarning) {
+				t.Errorf("warnings %q, want %q", warnings, tc.wantWarning)
+			}
+		})
+	}
+}
+
+func TestPreallocates(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		bmh        bool
+		annotated  bool
+		wantClaims []string
+	}{
+		{name: "Metal3Data names", wantClaims: []string{"tmpl-3-pool-v4", "tmpl-3-pool-capi"}},
+		{name: "BMH names, existing annotations kept", bmh: true, annotated: true, wantClaims: []string{"host-3-pool-v4", "tmpl-3-pool-capi"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
+			if tc.annotated {
+				m.Data.Annotations = map[string]string{"keep": "me"}
+			}
+			c := newClient(m.Objects(), nil)
+			req := createRequest(t, m.Data, false)
+			resp := newPreallocator(c, tc.bmh).Handle(context.Background(), req)
+			if !resp.Allowed || len(resp.Warnings) != 0 {
+				t.Fatalf("allowed=%v warnings=%v", resp.Allowed, resp.Warnings)
+			}
+			if len(claimsIn(t, c)) != len(fixtures.AllPools) {
+				t.Fatalf("%d claims", len(claimsIn(t, c)))
+			}
+			got := applyPatch(t, req, resp)
+			recorded := strings.Split(got.Annotations[allocation.ClaimsAnnotation], ",")
+			if len(recorded) != len(fixtures.AllPools) {
+				t.Errorf("annotation lists %d claims: %v", len(recorded), recorded)
+			}
+			for _, want := range tc.wantClaims {
+				kind := allocation.KindIPClaim
+				if strings.HasSuffix(want, "pool-capi") {
+					kind = allocation.KindIPAddressClaim
+				}
+				if !strings.Contains(got.Annotations[allocation.ClaimsAnnotation], kind+"/"+want) {
+					t.Errorf("annotation %q lacks %s/%s", got.Annotations[allocation.ClaimsAnnotation], kind, want)
+				}
+			}
+			if tc.annotated && got.Annotations["keep"] != "me" {
+				t.Errorf("annotations: %v", got.Annotations)
+			}
+			got.Annotations = m.Data.Annotations
+			if diff := cmpData(m.Data, got); diff != "" {
+				t.Errorf("the patch changed more than the annotation:\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPartialFailureIsAdmittedWithWarning(t *testing.T) {
+	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
+	c := newClient(m.Objects(), &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		if obj.GetName() == "tmpl-3-pool-capi" {
+			return apierrors.NewForbidden(obj.GetObjectKind().GroupVersionKind().GroupVersion().WithResource("ipaddressclaims").GroupResource(), obj.GetName(), nil)
+		}
+		return c.Create(ctx, obj, opts...)
+	}})
+	req := createRequest(t, m.Data, false)
+	resp := newPreallocator(c, false).Handle(context.Background(), req)
+	if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "IPAddressClaim tmpl-3-pool-capi left to CAPM3") {
+		t.Fatalf("allowed=%v warnings=%v", resp.Allowed, resp.Warnings)
+	}
+	got := applyPatch(t, req, resp)
+	if strings.Contains(got.Annotations[allocation.ClaimsAnnotation], "pool-capi") ||
+		len(strings.Split(got.Annotations[allocation.ClaimsAnnotation], ",")) != len(fixtures.AllPools)-1 {
+		t.Errorf("annotation %q", got.Annotations[allocation.ClaimsAnnotation])
+	}
+}
+
+func TestAllFailedIsAdmittedUnchanged(t *testing.T) {
+	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
+	c := newClient(m.Objects(), &interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+		return apierrors.NewServiceUnavailable("down")
+	}})
+	resp := newPreallocator(c, false).Handle(context.Background(), createRequest(t, m.Data, false))
+	if !resp.Allowed || len(resp.Patches) != 0 || len(resp.Warnings) != len(fixtures.AllPools) {
+		t.Fatalf("allowed=%v patches=%v warnings=%d", resp.Allowed, resp.Patches, len(resp.Warnings))
+	}
+}
+
+func TestUndecodableRequest(t *testing.T) {
+	for _, raw := range []string{"", "{", `{"spec": {"index": "three"}}`} {
+		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			Operation: admissionv1.Create, Namespace: "ns", Object: runtime.RawExtension{Raw: []byte(raw)},
+		}}
+		resp := newPreallocator(newClient(nil, nil), false).Handle(context.Background(), req)
+		if resp.Allowed || resp.Result == nil || resp.Result.Code != 400 || !strings.Contains(resp.Result.Message, "decoding Metal3Data") {
+			t.Errorf("%q: %+v", raw, resp.Result)
+		}
+	}
+}
+
+func TestOtherOperationsPassThrough(t *testing.T) {
+	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Update}}
+	if resp := newPreallocator(newClient(nil, nil), false).Handle(context.Background(), req); !resp.Allowed || len(resp.Patches) != 0 {
+		t.Fatalf("%+v", resp)
+	}
+}
