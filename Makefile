@@ -1,0 +1,59 @@
+# ip-preallocator — kubebuilder-style targets.
+SHELL := /usr/bin/env bash -o pipefail
+.SHELLFLAGS := -ec
+
+BIN := $(CURDIR)/bin
+CONTROLLER_GEN := $(BIN)/controller-gen
+KUSTOMIZE := $(BIN)/kustomize
+export GONOSUMDB := github.com/metal3-io
+# The test control plane's binaries; the kubectl suites find them here.
+export KUBEBUILDER_ASSETS := $(BIN)
+export PATH := $(BIN):$(PATH)
+
+.PHONY: all
+all: build
+
+##@ Development
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate the webhook configurations and RBAC from the markers.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role webhook paths="./pkg/...;./cmd/..." \
+		output:rbac:artifacts:config=config/rbac output:webhook:artifacts:config=config/webhook
+
+.PHONY: fmt
+fmt: ## Format the code.
+	gofmt -w $$(git ls-files '*.go')
+
+.PHONY: lint
+lint: ## gofmt and go vet.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	go vet ./...
+
+.PHONY: verify-manifests
+verify-manifests: manifests ## Fail when the generated manifests are not committed.
+	@git diff --exit-code -- config/ || { echo "config/ is out of date: run make manifests"; exit 1; }
+
+.PHONY: test
+test: tools lint verify-manifests ## Unit tests and the kubectl suites against a real control plane.
+	go test ./... -count=1
+
+.PHONY: build
+build: ## Build the webhook binary into bin/.
+	go build -o $(BIN)/webhook ./cmd/webhook
+
+.PHONY: run
+run: build ## Run the webhook against the current kubeconfig, with certificates in $(CERT_DIR).
+	$(BIN)/webhook --webhook-cert-dir=$${CERT_DIR:-/tmp/k8s-webhook-server/serving-certs} --insecure-diagnostics
+
+##@ Tools
+
+.PHONY: tools
+tools: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl, controller-gen and kustomize into bin/.
+	hack/build-tools.sh
+
+$(CONTROLLER_GEN) $(KUSTOMIZE):
+	hack/build-tools.sh
+
+.PHONY: help
+help: ## Show the targets.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-18s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
