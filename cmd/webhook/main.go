@@ -38,6 +38,7 @@ import (
 
 type options struct {
 	manager          flags.ManagerOptions
+	webhookHost      string
 	webhookPort      int
 	certDir          string
 	healthAddr       string
@@ -52,6 +53,7 @@ type options struct {
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	flags.AddManagerOptions(fs, &o.manager)
+	fs.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to; empty for all.")
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the webhook server listens on.")
 	fs.StringVar(&o.certDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs",
 		"Directory holding tls.crt and tls.key; they are reloaded when they change.")
@@ -141,6 +143,7 @@ func run(ctx context.Context, o options) error {
 		LeaderElectionNamespace: o.leaderElectionNS,
 		Cache:                   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 		WebhookServer: webhook.NewServer(webhook.Options{
+			Host:    o.webhookHost,
 			Port:    o.webhookPort,
 			CertDir: o.certDir,
 			TLSOpts: tlsOpts,
@@ -159,7 +162,8 @@ func run(ctx context.Context, o options) error {
 
 	mgr.GetWebhookServer().Register("/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate",
 		&webhook.Admission{Handler: &mutate.Preallocator{
-			Reader: mgr.GetClient(),
+			Reader:    mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
 			Creator: &allocation.Creator{
 				Client:    mgr.GetClient(),
 				Cache:     mgr.GetClient(),

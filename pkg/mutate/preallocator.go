@@ -64,9 +64,13 @@ const (
 // admits every Metal3Data; when it cannot preallocate, it changes nothing and CAPM3 claims as usual.
 type Preallocator struct {
 	// Reader resolves the objects CAPM3 reads; it should be the manager's cache.
-	Reader  client.Reader
-	Creator *allocation.Creator
-	Decoder admission.Decoder
+	Reader client.Reader
+	// APIReader is asked only when the cache misses: the Metal3DataClaim is created moments
+	// before its Metal3Data, and an informer a few milliseconds behind must not cost the
+	// preallocation. A template that really does not exist costs one live read.
+	APIReader client.Reader
+	Creator   *allocation.Creator
+	Decoder   admission.Decoder
 	// BMHNameBased mirrors CAPM3's --enable-bmh-name-based-preallocation.
 	BMHNameBased bool
 	// Timeout bounds the claim creation; keep it below the webhook's timeoutSeconds.
@@ -291,7 +295,12 @@ func (p *Preallocator) host(ctx context.Context, m3m *infrav1.Metal3Machine) (*m
 }
 
 func (p *Preallocator) get(ctx context.Context, namespace, name string, obj client.Object) error {
-	return p.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, obj)
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	err := p.Reader.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) && p.APIReader != nil {
+		return p.APIReader.Get(ctx, key, obj)
+	}
+	return err
 }
 
 func metadataOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {

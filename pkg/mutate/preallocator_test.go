@@ -228,3 +228,25 @@ func TestOtherOperationsPassThrough(t *testing.T) {
 		t.Fatalf("%+v", resp)
 	}
 }
+
+// TestCacheMissFallsBackToLiveRead: a Metal3DataClaim created a moment before its Metal3Data may
+// not be in the cache yet.
+func TestCacheMissFallsBackToLiveRead(t *testing.T) {
+	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
+	var objs []client.Object
+	for _, obj := range m.Objects() {
+		if obj != m.DataClaim {
+			objs = append(objs, obj)
+		}
+	}
+	cache := newClient(objs, nil)
+	live := newClient(m.Objects(), nil)
+	p := newPreallocator(cache, false)
+	p.APIReader = live
+	if resp := p.Handle(context.Background(), createRequest(t, m.Data, false)); len(resp.Patches) != 1 {
+		t.Fatalf("not preallocated: %+v", resp)
+	}
+	if len(claimsIn(t, cache)) != len(fixtures.AllPools) {
+		t.Fatal("claims missing")
+	}
+}
