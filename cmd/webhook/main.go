@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/handover"
 	"github.com/metal3-community/ip-preallocator/pkg/mutate"
 )
 
@@ -48,6 +49,8 @@ type options struct {
 	leaderElectionNS string
 	bmhNameBased     bool
 	claimTimeout     time.Duration
+	releaseGrace     time.Duration
+	concurrency      int
 	qps              float32
 	burst            int
 }
@@ -69,6 +72,9 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"Name IPClaims <baremetalhost>-<pool> like CAPM3 with the same flag; set it exactly as CAPM3's.")
 	fs.DurationVar(&o.claimTimeout, "claim-creation-timeout", 3*time.Second,
 		"How long one admission may spend creating claims; keep it below the webhook's timeoutSeconds (5).")
+	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
+		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
+	fs.IntVar(&o.concurrency, "handover-concurrency", 10, "Metal3Data handed over in parallel.")
 	fs.Float32Var(&o.qps, "kube-api-qps", 100, "Requests per second to the API server, per resource type.")
 	fs.IntVar(&o.burst, "kube-api-burst", 200, "Burst of requests to the API server, per resource type.")
 }
@@ -89,8 +95,8 @@ func main() {
 	}
 }
 
-// cached lists what the admission path reads, all through the cache; only the Metal3DataTemplate,
-// Metal3Machine and Cluster are read beyond their metadata.
+// cached lists what the admission path and the hand-over read, all through the cache; only the
+// Metal3DataTemplate, Metal3Machine and Cluster are read beyond their metadata.
 func cached() []client.Object {
 	meta := func(gvk schema.GroupVersionKind) client.Object {
 		m := &metav1.PartialObjectMetadata{}
@@ -106,6 +112,7 @@ func cached() []client.Object {
 		meta(bmov1alpha1.GroupVersion.WithKind("BareMetalHost")),
 		meta(allocation.IPClaimGVK),
 		meta(allocation.IPAddressClaimGVK),
+		meta(handover.Metal3DataGVK),
 	}
 }
 
@@ -144,7 +151,9 @@ func run(ctx context.Context, o options) error {
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "ip-preallocator.metal3.io",
 		LeaderElectionNamespace: o.leaderElectionNS,
-		Cache:                   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		// A replaced or restarted leader hands the lease on at once instead of letting it expire.
+		LeaderElectionReleaseOnCancel: true,
+		Cache:                         cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    o.webhookHost,
 			Port:    o.webhookPort,
@@ -176,6 +185,17 @@ func run(ctx context.Context, o options) error {
 			BMHNameBased: o.bmhNameBased,
 			Timeout:      o.claimTimeout,
 		}})
+
+	recorder := mgr.GetEventRecorder("ip-preallocator")
+	if err := (&handover.HandOver{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr, o.concurrency); err != nil {
+		return err
+	}
+	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
+		release := &handover.Release{Client: mgr.GetClient(), Recorder: recorder, GracePeriod: o.releaseGrace, ClaimGVK: gvk}
+		if err := release.SetupWithManager(mgr, o.concurrency); err != nil {
+			return err
+		}
+	}
 
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err

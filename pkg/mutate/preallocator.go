@@ -139,13 +139,14 @@ func (p *Preallocator) skipped(ctx context.Context, s *skip) admission.Response 
 
 func (p *Preallocator) respond(ctx context.Context, data *infrav1.Metal3Data, results []allocation.Result) admission.Response {
 	logger := log.FromContext(ctx)
-	var recorded, warnings []string
+	var recorded []allocation.ClaimRef
+	var warnings []string
 	for _, r := range results {
 		claimsTotal.WithLabelValues(r.Claim.Kind(), string(r.Outcome)).Inc()
 		switch r.Outcome {
 		case allocation.Created, allocation.Reused:
 			logger.V(2).Info("Preallocated IP claim", r.Claim.Kind(), klog.KRef(data.Namespace, r.Name), "outcome", r.Outcome)
-			recorded = append(recorded, r.Claim.Kind()+"/"+r.Name)
+			recorded = append(recorded, allocation.ClaimRef{Kind: r.Claim.Kind(), Name: r.Name})
 		default:
 			logger.Info("IP claim left to CAPM3", r.Claim.Kind(), klog.KRef(data.Namespace, r.Name), "outcome", r.Outcome, "error", r.Err)
 			warnings = append(warnings, fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %v", r.Claim.Kind(), r.Name, r.Err))
@@ -162,7 +163,7 @@ func (p *Preallocator) respond(ctx context.Context, data *infrav1.Metal3Data, re
 	if len(recorded) == 0 {
 		return admission.Allowed("").WithWarnings(warnings...)
 	}
-	return admission.Patched("", annotationPatch(data.Annotations, strings.Join(recorded, ","))).WithWarnings(warnings...)
+	return admission.Patched("", annotationPatch(data.Annotations, allocation.FormatClaims(recorded))).WithWarnings(warnings...)
 }
 
 // annotationPatch records the preallocated claims without touching anything else of the object.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/test/harness"
@@ -116,9 +117,11 @@ func TestApplyPreallocates(t *testing.T) {
 		t.Fatalf("claims %v, want %v", names(got), wantClaims)
 	}
 	for _, c := range got {
+		// Pending, or already handed over by the time kubectl get ran.
+		pending := c.Metadata.Annotations[allocation.PreallocatedForAnnotation] == "workers-0" && len(c.Metadata.OwnerReferences) == 0
 		if !slices.Equal(c.Metadata.Finalizers, []string{"metal3data.infrastructure.cluster.x-k8s.io"}) ||
 			c.Metadata.Labels["cluster.x-k8s.io/cluster-name"] != "cluster" ||
-			c.Metadata.Annotations[allocation.PreallocatedForAnnotation] != "workers-0" {
+			!pending && len(c.Metadata.OwnerReferences) != 1 {
 			t.Errorf("%s/%s: %+v", c.Kind, c.Metadata.Name, c.Metadata)
 		}
 	}
@@ -142,6 +145,29 @@ func TestApplyPreallocates(t *testing.T) {
 	slices.Sort(recorded)
 	if !slices.Equal(recorded, wantClaims) {
 		t.Errorf("annotation %v, want %v", recorded, wantClaims)
+	}
+
+	// Handed over: owned by the Metal3Data as CAPM3 owns its claims, and no trace of us.
+	uid, err := cp.UID(context.Background(), ns, "Metal3Data", "workers-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOwner := `{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2","controller":true,"kind":"Metal3Data","name":"workers-0","uid":"` + uid + `"}`
+	handed := claims(t, ns)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); handed = claims(t, ns) {
+		if !slices.ContainsFunc(handed, func(c object) bool { return len(c.Metadata.OwnerReferences) == 0 }) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, c := range handed {
+		var owner bytes.Buffer
+		if len(c.Metadata.OwnerReferences) == 1 {
+			_ = json.Compact(&owner, c.Metadata.OwnerReferences[0])
+		}
+		if owner.String() != wantOwner || c.Metadata.Annotations != nil {
+			t.Errorf("%s/%s not handed over: %s %v", c.Kind, c.Metadata.Name, c.Metadata.OwnerReferences, c.Metadata.Annotations)
+		}
 	}
 }
 

@@ -289,6 +289,11 @@ func (cp *ControlPlane) installRBAC(ctx context.Context) error {
 	return nil
 }
 
+func (cp *ControlPlane) serviceAccountNamespace() string {
+	ns, _ := cp.ServiceAccount()
+	return ns
+}
+
 // ServiceAccount is the namespace and name of config/rbac's service account.
 func (cp *ControlPlane) ServiceAccount() (namespace, name string) {
 	for _, u := range cp.Rendered {
@@ -391,6 +396,8 @@ func (cp *ControlPlane) StartWebhook(ctx context.Context) error {
 		"--health-addr=" + cp.healthAddr,
 		"--diagnostics-address=" + cp.metricsAddr,
 		"--insecure-diagnostics",
+		"--leader-elect",
+		"--leader-election-namespace=" + cp.serviceAccountNamespace(),
 	}, cp.opts.WebhookArgs...)
 	cp.webhook, err = StartProcess(ctx, filepath.Join(cp.Dir, "webhook.log"), bin,
 		[]string{"KUBECONFIG=" + cp.webhookKubeconfig}, args...)

@@ -14,5 +14,6 @@ var kinds = map[string]schema.GroupVersionKind{
 	"Metal3Machine":      infrav1.GroupVersion.WithKind("Metal3Machine"),
 	"Metal3DataClaim":    infrav1.GroupVersion.WithKind("Metal3DataClaim"),
 	"Metal3DataTemplate": infrav1.GroupVersion.WithKind("Metal3DataTemplate"),
+	"Metal3Data":         infrav1.GroupVersion.WithKind("Metal3Data"),
 	"BareMetalHost":      bmov1alpha1.GroupVersion.WithKind("BareMetalHost"),
 }

@@ -1,0 +1,316 @@
+// Package integration tests the hand-over and release controllers against a real API server and
+// the real garbage collector, with the webhook binary running as its own process.
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/test/harness"
+)
+
+const gracePeriod = 3 * time.Second
+
+var cp *harness.ControlPlane
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var err error
+	cp, err = harness.Start(ctx, harness.Options{
+		GarbageCollector: true,
+		Webhook:          true,
+		WebhookArgs:      []string{"--release-grace-period=" + gracePeriod.String()},
+	})
+	if err == nil {
+		err = cp.InstallRejector(ctx)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting the control plane:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if code != 0 {
+		fmt.Fprintln(os.Stderr, "webhook log:", cp.WebhookLog())
+	}
+	cancel()
+	cp.Stop()
+	os.Exit(code)
+}
+
+func newNamespace(t *testing.T, name string) string {
+	t.Helper()
+	if err := cp.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// machines stores n machines of ThreePoolTemplate in ns, without their Metal3Data.
+func machines(t *testing.T, ns string, n int) []*fixtures.Machine {
+	t.Helper()
+	out := make([]*fixtures.Machine, n)
+	for i := range out {
+		out[i] = fixtures.NewMachine(fixtures.ThreePoolTemplate("workers"), i).InNamespace(ns)
+		if err := harness.CreateMachine(context.Background(), cp.Client, out[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// claimOf reads a claim of the ThreePoolTemplate by pool.
+func claimOf(ctx context.Context, m *fixtures.Machine, pool string) (client.Object, error) {
+	var obj client.Object = &ipamv1.IPClaim{}
+	if pool == fixtures.ExternalPool {
+		obj = &capipamv1.IPAddressClaim{}
+	}
+	err := cp.Client.Get(ctx, client.ObjectKey{Namespace: m.Data.Namespace, Name: m.Data.Name + "-" + pool}, obj)
+	return obj, err
+}
+
+var pools = []string{fixtures.ProvisioningPool, fixtures.BaremetalPool, fixtures.ExternalPool}
+
+// handedOver tells whether the claim ended exactly as CAPM3 would have created it, as far as
+// metadata goes: only CAPM3's owner reference, no annotation, CAPM3's finalizer.
+func handedOver(claim client.Object, data *infrav1.Metal3Data) string {
+	want := []metav1.OwnerReference{{
+		APIVersion: "infrastructure.cluster.x-k8s.io/v1beta2", Kind: "Metal3Data", Name: data.Name, UID: data.UID, Controller: ptr.To(true),
+	}}
+	if diff := cmp.Diff(want, claim.GetOwnerReferences()); diff != "" {
+		return "owner references: " + diff
+	}
+	if claim.GetAnnotations() != nil {
+		return fmt.Sprintf("annotations %v", claim.GetAnnotations())
+	}
+	if claim.GetDeletionTimestamp() != nil {
+		return "being deleted"
+	}
+	if diff := cmp.Diff([]string{infrav1.DataFinalizer}, claim.GetFinalizers()); diff != "" {
+		return "finalizers: " + diff
+	}
+	return ""
+}
+
+func eventually(t *testing.T, timeout time.Duration, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestHandOverUnderConcurrentCreations creates many Metal3Data at once with the garbage collector
+// running: every claim ends with CAPM3's owner reference, and none is deleted, stripped of its
+// reference or left Terminating.
+func TestHandOverUnderConcurrentCreations(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "handover")
+	ms := machines(t, ns, 60)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, len(ms))
+	for _, m := range ms {
+		wg.Go(func() {
+			if err := cp.Client.Create(ctx, m.Data); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	check := func() error {
+		for _, m := range ms {
+			for _, pool := range pools {
+				claim, err := claimOf(ctx, m, pool)
+				if err != nil {
+					return err
+				}
+				if problem := handedOver(claim, m.Data); problem != "" {
+					return fmt.Errorf("%s: %s", claim.GetName(), problem)
+				}
+			}
+		}
+		return nil
+	}
+	eventually(t, 10*time.Second, check)
+	// The collector looks owners up within milliseconds of seeing a dependent; give it time to
+	// do anything it would do.
+	time.Sleep(3 * time.Second)
+	if err := check(); err != nil {
+		t.Fatalf("after the garbage collector had its chance: %v", err)
+	}
+
+	eventually(t, 10*time.Second, func() error {
+		events := &eventsv1.EventList{}
+		if err := cp.Client.List(ctx, events, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		n := 0
+		for _, e := range events.Items {
+			if e.Reason == "PreallocatedClaimsHandedOver" && e.Regarding.Kind == "Metal3Data" {
+				n++
+			}
+		}
+		if n != len(ms) {
+			return fmt.Errorf("%d hand-over events, want %d", n, len(ms))
+		}
+		return nil
+	})
+}
+
+// TestReleaseWhenNeverStored: a later validating webhook rejects a Metal3Data our webhook has
+// preallocated for; its claims are released after the grace period, and the claims of an accepted
+// neighbour are not.
+func TestReleaseWhenNeverStored(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "release")
+	ms := machines(t, ns, 2)
+	rejected, accepted := ms[0], ms[1]
+	rejected.Data.Labels[harness.RejectLabel] = ""
+
+	if err := cp.Client.Create(ctx, rejected.Data); err == nil || !strings.Contains(err.Error(), "rejected by the test's validating webhook") {
+		t.Fatalf("create of the rejected Metal3Data: %v", err)
+	}
+	if err := cp.Client.Create(ctx, accepted.Data); err != nil {
+		t.Fatal(err)
+	}
+	for _, pool := range pools {
+		claim, err := claimOf(ctx, rejected, pool)
+		if err != nil {
+			t.Fatalf("the preallocated claim is missing before the grace period ends: %v", err)
+		}
+		if claim.GetAnnotations()[allocation.PreallocatedForAnnotation] != rejected.Data.Name {
+			t.Fatalf("%s: %v", claim.GetName(), claim.GetAnnotations())
+		}
+	}
+	start := time.Now()
+	eventually(t, gracePeriod+10*time.Second, func() error {
+		for _, pool := range pools {
+			if claim, err := claimOf(ctx, rejected, pool); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("%s still there (%v): finalizers %v", pool, err, claim.GetFinalizers())
+			}
+		}
+		return nil
+	})
+	if elapsed := time.Since(start); elapsed < gracePeriod-time.Second {
+		t.Errorf("released after %v, before the grace period", elapsed)
+	}
+	for _, pool := range pools {
+		claim, err := claimOf(ctx, accepted, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if problem := handedOver(claim, accepted.Data); problem != "" {
+			t.Errorf("%s: %s", claim.GetName(), problem)
+		}
+	}
+}
+
+// TestResyncHandsOverUnrecordedClaims: when admission's response is lost (the webhook dies after
+// creating claims), the Metal3Data is stored without a record; the claims still reach it.
+func TestResyncHandsOverUnrecordedClaims(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "resync")
+	m := machines(t, ns, 1)[0]
+	claim := &ipamv1.IPClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: m.Data.Name + "-" + fixtures.ProvisioningPool, Namespace: ns, Labels: m.Data.Labels,
+			Annotations: map[string]string{allocation.PreallocatedForAnnotation: m.Data.Name},
+			Finalizers:  []string{infrav1.DataFinalizer},
+		},
+		Spec: ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: fixtures.ProvisioningPool, Namespace: ns}},
+	}
+	if err := cp.Client.Create(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	cp.StopWebhook()
+	if err := cp.Client.Create(ctx, m.Data); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.StartWebhook(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, func() error {
+		got, err := claimOf(ctx, m, fixtures.ProvisioningPool)
+		if err != nil {
+			return err
+		}
+		if problem := handedOver(got, m.Data); problem != "" {
+			return fmt.Errorf("%s", problem)
+		}
+		return nil
+	})
+}
+
+// TestRestartWritesNothing: a restarted webhook replays every Metal3Data and finds nothing to do.
+func TestRestartWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "restart")
+	ms := machines(t, ns, 3)
+	for _, m := range ms {
+		if err := cp.Client.Create(ctx, m.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	versions := map[string]string{}
+	eventually(t, 10*time.Second, func() error {
+		for _, m := range ms {
+			for _, pool := range pools {
+				claim, err := claimOf(ctx, m, pool)
+				if err != nil {
+					return err
+				}
+				if problem := handedOver(claim, m.Data); problem != "" {
+					return fmt.Errorf("%s: %s", claim.GetName(), problem)
+				}
+				versions[claim.GetName()] = claim.GetResourceVersion()
+			}
+		}
+		return nil
+	})
+	cp.StopWebhook()
+	if err := cp.StartWebhook(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	for _, m := range ms {
+		for _, pool := range pools {
+			claim, err := claimOf(ctx, m, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if claim.GetResourceVersion() != versions[claim.GetName()] {
+				t.Errorf("%s was written after the restart", claim.GetName())
+			}
+		}
+	}
+}
