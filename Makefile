@@ -37,6 +37,10 @@ verify-manifests: manifests ## Fail when the generated manifests are not committ
 test: tools lint verify-manifests ## Unit tests and the kubectl suites against a real control plane.
 	go test ./... -count=1
 
+.PHONY: demo
+demo: tools ## Run the webhook with CAPM3 and the Metal3 IPAM on an embedded control plane and apply examples/.
+	go run ./test/demo $(DEMO_ARGS)
+
 .PHONY: build
 build: ## Build the webhook binary into bin/.
 	go build -o $(BIN)/webhook ./cmd/webhook

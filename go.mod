@@ -3,16 +3,19 @@ module github.com/metal3-community/ip-preallocator
 go 1.26
 
 require (
+	github.com/evanphx/json-patch/v5 v5.9.11
 	github.com/go-logr/logr v1.4.3
 	github.com/google/go-cmp v0.7.0
 	github.com/metal3-io/baremetal-operator/apis v0.13.2
 	github.com/metal3-io/cluster-api-provider-metal3 v1.13.2
 	github.com/metal3-io/cluster-api-provider-metal3/api v1.13.2
+	github.com/metal3-io/ip-address-manager v1.13.2
 	github.com/metal3-io/ip-address-manager/api v1.13.2
 	github.com/prometheus/client_golang v1.23.2
 	github.com/spf13/pflag v1.0.10
 	gomodules.xyz/jsonpatch/v2 v2.5.0
 	k8s.io/api v0.35.6
+	k8s.io/apiextensions-apiserver v0.35.6
 	k8s.io/apimachinery v0.35.6
 	k8s.io/client-go v0.35.6
 	k8s.io/klog/v2 v2.140.0
@@ -31,8 +34,6 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
-	github.com/evanphx/json-patch v5.9.0+incompatible // indirect
-	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
 	github.com/felixge/httpsnoop v1.0.4 // indirect
 	github.com/fsnotify/fsnotify v1.9.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.0 // indirect
@@ -90,7 +91,6 @@ require (
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
-	k8s.io/apiextensions-apiserver v0.35.6 // indirect
 	k8s.io/apiserver v0.35.6 // indirect
 	k8s.io/cluster-bootstrap v0.35.4 // indirect
 	k8s.io/component-base v0.35.6 // indirect

@@ -1,0 +1,297 @@
+// Package stack runs the real CAPM3 v1.13.2 Metal3Data controller and the real Metal3 IPAM
+// v1.13.2 IPPool controllers in-process, each in its own manager set up as its main.go sets it
+// up, and counts what CAPM3 does: reconciles per Metal3Data, requeues, and claims it creates.
+package stack
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
+	infrav1beta1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta1"
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	"github.com/metal3-io/cluster-api-provider-metal3/baremetal"
+	capm3controllers "github.com/metal3-io/cluster-api-provider-metal3/controllers"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	ipamcontrollers "github.com/metal3-io/ip-address-manager/controllers"
+	"github.com/metal3-io/ip-address-manager/ipam"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	capipamv1beta1 "sigs.k8s.io/cluster-api/api/ipam/v1beta1"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/cluster-api/util/predicates"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+// Defaults of CAPM3's and the IPAM's main.go.
+const (
+	DefaultConcurrency = 10
+	DefaultQPS         = 20
+	DefaultBurst       = 30
+	// UserAgents name each controller's requests in the API server's audit log.
+	CAPM3UserAgent = "cluster-api-provider-metal3-manager"
+	IPAMUserAgent  = "ip-address-manager"
+)
+
+// Options configure one controller manager.
+type Options struct {
+	QPS         float32
+	Burst       int
+	Concurrency int
+	// BMHNameBased is CAPM3's --enable-bmh-name-based-preallocation (a process-wide variable of
+	// CAPM3's baremetal package).
+	BMHNameBased bool
+}
+
+func (o Options) withDefaults() Options {
+	if o.QPS == 0 {
+		o.QPS, o.Burst = DefaultQPS, DefaultBurst
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	return o
+}
+
+// Running is a manager running in-process.
+type Running struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// Stop stops the manager and waits for it.
+func (r *Running) Stop() error {
+	r.cancel()
+	return <-r.done
+}
+
+func start(ctx context.Context, mgr manager.Manager) *Running {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &Running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- mgr.Start(ctx) }()
+	return r
+}
+
+func capm3Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = ipamv1.AddToScheme(s)
+	_ = capipamv1beta1.AddToScheme(s)
+	_ = capipamv1.AddToScheme(s)
+	_ = infrav1beta1.AddToScheme(s)
+	_ = infrav1.AddToScheme(s)
+	_ = clusterv1.AddToScheme(s)
+	_ = bmov1alpha1.AddToScheme(s)
+	_ = apiextensionsv1.AddToScheme(s)
+	return s
+}
+
+// Stats is what CAPM3 did for one Metal3Data.
+type Stats struct {
+	Reconciles int
+	// Requeues counts reconciles that ended asking to be run again (an error or a requeue).
+	Requeues int
+	// ClaimsCreated counts claims CAPM3 created for it.
+	ClaimsCreated int
+	// FirstReconcileRequeued: the first reconcile did not finish the Metal3Data.
+	FirstReconcileRequeued bool
+}
+
+// Counter records Stats by Metal3Data.
+type Counter struct {
+	mu    sync.Mutex
+	stats map[types.NamespacedName]*Stats
+}
+
+func (c *Counter) get(key types.NamespacedName) *Stats {
+	if c.stats == nil {
+		c.stats = map[types.NamespacedName]*Stats{}
+	}
+	if c.stats[key] == nil {
+		c.stats[key] = &Stats{}
+	}
+	return c.stats[key]
+}
+
+// Of returns a copy of the Stats of one Metal3Data.
+func (c *Counter) Of(key types.NamespacedName) Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return *c.get(key)
+}
+
+// All returns a copy of every Stats.
+func (c *Counter) All() map[types.NamespacedName]Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[types.NamespacedName]Stats, len(c.stats))
+	for k, v := range c.stats {
+		out[k] = *v
+	}
+	return out
+}
+
+func (c *Counter) reconciled(key types.NamespacedName, res reconcile.Result, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.get(key)
+	s.Reconciles++
+	requeue := err != nil || res.RequeueAfter > 0 || res.Requeue //nolint:staticcheck // CAPM3 sets Requeue.
+	if requeue {
+		s.Requeues++
+	}
+	if s.Reconciles == 1 {
+		s.FirstReconcileRequeued = requeue
+	}
+}
+
+func (c *Counter) claimCreated(obj client.Object) {
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.Kind == "Metal3Data" {
+			c.mu.Lock()
+			c.get(types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}).ClaimsCreated++
+			c.mu.Unlock()
+		}
+	}
+}
+
+// CAPM3 is CAPM3's Metal3Data controller running in-process.
+type CAPM3 struct {
+	*Running
+	Counter *Counter
+}
+
+// StartCAPM3 runs CAPM3 v1.13.2's Metal3Data controller with the manager options of its main.go:
+// Secrets and BareMetalHosts read uncached, the given client rate limit and concurrency.
+func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, error) {
+	opts = opts.withDefaults()
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst, cfg.UserAgent = opts.QPS, opts.Burst, CAPM3UserAgent
+	baremetal.EnableBMHNameBasedPreallocation = opts.BMHNameBased
+
+	counter := &Counter{}
+	req, _ := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
+	syncPeriod := 10 * time.Minute
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 capm3Scheme(),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache: cache.Options{
+			SyncPeriod: &syncPeriod,
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Secret{}: {Label: labels.NewSelector().Add(*req)},
+			},
+		},
+		Client: client.Options{Cache: &client.CacheOptions{
+			DisableFor: []client.Object{&bmov1alpha1.BareMetalHost{}, &corev1.ConfigMap{}, &corev1.Secret{}},
+		}},
+		// Counts the claims CAPM3 creates; everything else passes through.
+		NewClient: func(cfg *rest.Config, o client.Options) (client.Client, error) {
+			c, err := client.NewWithWatch(cfg, o)
+			if err != nil {
+				return nil, err
+			}
+			return interceptor.NewClient(c, interceptor.Funcs{
+				Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+					err := c.Create(ctx, obj, opts...)
+					switch obj.(type) {
+					case *ipamv1.IPClaim, *capipamv1.IPAddressClaim:
+						if err == nil {
+							counter.claimCreated(obj)
+						}
+					}
+					return err
+				},
+			}), nil
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	r := &capm3controllers.Metal3DataReconciler{
+		Client:         mgr.GetClient(),
+		ClientReader:   mgr.GetAPIReader(),
+		ManagerFactory: baremetal.NewManagerFactory(mgr.GetClient()),
+		Log:            ctrl.Log.WithName("controllers").WithName("Metal3Data"),
+	}
+	counting := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		res, err := r.Reconcile(ctx, req)
+		counter.reconciled(req.NamespacedName, res, err)
+		return res, err
+	})
+	// CAPM3's Metal3DataReconciler.SetupWithManager, with the counting wrapper as the reconciler;
+	// the CRD probes it makes first always succeed here.
+	err = ctrl.NewControllerManagedBy(mgr).
+		For(&infrav1.Metal3Data{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: opts.Concurrency}).
+		Watches(&capipamv1beta1.IPAddressClaim{}, handler.EnqueueRequestsFromMapFunc(r.IPAddressClaimToMetal3Data)).
+		Watches(&ipamv1.IPClaim{}, handler.EnqueueRequestsFromMapFunc(r.Metal3IPClaimToMetal3Data)).
+		WithEventFilter(predicates.ResourceNotPausedAndHasFilterLabel(mgr.GetScheme(), ctrl.LoggerFrom(ctx), "")).
+		Complete(counting)
+	if err != nil {
+		return nil, err
+	}
+	return &CAPM3{Running: start(ctx, mgr), Counter: counter}, nil
+}
+
+// StartIPAM runs the Metal3 IPAM v1.13.2 IPPool controllers, for IPClaims and for IPAddressClaims
+// that name a Metal3 IPPool, with the manager options of its main.go.
+func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, error) {
+	opts = opts.withDefaults()
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst, cfg.UserAgent = opts.QPS, opts.Burst, IPAMUserAgent
+	s := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(s)
+	_ = ipamv1.AddToScheme(s)
+	_ = clusterv1.AddToScheme(s)
+	_ = capipamv1.AddToScheme(s)
+	syncPeriod := 10 * time.Minute
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 s,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{SyncPeriod: &syncPeriod},
+		Client:                 client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	forIPClaim := &ipamcontrollers.IPPoolReconciler{
+		Client:         mgr.GetClient(),
+		ManagerFactory: ipam.NewManagerFactory(mgr.GetClient()),
+		Log:            ctrl.Log.WithName("controllers").WithName("IPPoolForIPClaim"),
+	}
+	if err := forIPClaim.SetupWithManagerForIPClaim(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.Concurrency}); err != nil {
+		return nil, err
+	}
+	forAddressClaim := &ipamcontrollers.IPPoolReconciler{
+		Client:         mgr.GetClient(),
+		ManagerFactory: ipam.NewManagerFactory(mgr.GetClient()),
+		Log:            ctrl.Log.WithName("controllers").WithName("IPPoolForIPAddressClaim"),
+	}
+	if err := forAddressClaim.SetupWithManagerForIPAddressClaim(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.Concurrency}); err != nil {
+		return nil, err
+	}
+	return start(ctx, mgr), nil
+}
+
+// ErrStopped is returned by Wait helpers when a manager stopped early.
+var ErrStopped = errors.New("manager stopped")
