@@ -25,6 +25,9 @@ build etcd "$etcd_version" "$root/hack/tools/etcd" go.etcd.io/etcd/server/v3
 build kube-apiserver "$kube_version" "$root/hack/tools/kube" k8s.io/kubernetes/cmd/kube-apiserver
 build kube-controller-manager "$kube_version" "$root/hack/tools/kube" k8s.io/kubernetes/cmd/kube-controller-manager
 build kubectl "$kube_version" "$root/hack/tools/kube" k8s.io/kubernetes/cmd/kubectl
+# The Cluster API in-cluster IPAM provider, run as a process by the tests that need a CAPI pool.
+incluster_version=$(awk '$1=="require" && $2=="sigs.k8s.io/cluster-api-ipam-provider-in-cluster" {print $3}' "$root/hack/tools/incluster/go.mod")
+build cluster-api-ipam-provider-in-cluster "$incluster_version" "$root/hack/tools/incluster" sigs.k8s.io/cluster-api-ipam-provider-in-cluster
 
 # Tools whose modules carry no replace directives install straight from the proxy.
 install() {
@@ -39,3 +42,4 @@ install() {
 }
 install controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen "${CONTROLLER_GEN_VERSION:-v0.20.1}"
 install kustomize sigs.k8s.io/kustomize/kustomize/v5 "${KUSTOMIZE_VERSION:-v5.8.1}"
+

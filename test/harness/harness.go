@@ -39,6 +39,8 @@ const (
 	bareMetalOperator = "github.com/metal3-io/baremetal-operator@v0.13.2"
 	ipAddressManager  = "github.com/metal3-io/ip-address-manager@v1.13.2"
 	certManager       = "github.com/cert-manager/cert-manager@v1.20.2"
+	// InClusterIPAM is the Cluster API IPAM provider whose binary `make tools` builds.
+	InClusterIPAM = "sigs.k8s.io/cluster-api-ipam-provider-in-cluster@v1.1.0"
 )
 
 // Options says which parts to run.
@@ -70,6 +72,7 @@ type ControlPlane struct {
 	healthAddr         string
 	metricsAddr        string
 	controllerManager  *Process
+	inClusterIPAM      *Process
 	validatingWebhooks []*admissionv1.ValidatingWebhookConfiguration
 }
 
@@ -153,6 +156,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 // Stop ends every process the control plane started.
 func (cp *ControlPlane) Stop() {
 	cp.StopWebhook()
+	cp.StopInClusterIPAM()
 	if cp.controllerManager != nil {
 		cp.controllerManager.Stop()
 	}
@@ -190,6 +194,7 @@ func crdDirectories(root string) ([]string, error) {
 		{ipAddressManager, "config/crd/bases"},
 		{bareMetalOperator, "config/base/crds/bases"},
 		{certManager, "deploy/crds"},
+		{InClusterIPAM, "config/crd/bases"},
 	} {
 		dir, err := ModuleDir(root, m.module)
 		if err != nil {
@@ -347,6 +352,44 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context) error {
 	})
 }
 
+// StartInClusterIPAM runs the Cluster API in-cluster IPAM provider built by `make tools`, as
+// cluster admin, and waits until it is healthy.
+func (cp *ControlPlane) StartInClusterIPAM(ctx context.Context) error {
+	health, err := FreeAddr()
+	if err != nil {
+		return err
+	}
+	metrics, err := FreeAddr()
+	if err != nil {
+		return err
+	}
+	cp.inClusterIPAM, err = StartProcess(ctx, filepath.Join(cp.Dir, "in-cluster-ipam.log"),
+		filepath.Join(cp.Root, "bin", "cluster-api-ipam-provider-in-cluster"),
+		[]string{"KUBECONFIG=" + cp.Kubeconfig},
+		"--webhook-port=0",
+		"--health-probe-bind-address="+health,
+		"--diagnostics-address="+metrics,
+		"--insecure-diagnostics",
+	)
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, 60*time.Second, func() error {
+		if !cp.inClusterIPAM.Running() {
+			return errors.New("in-cluster IPAM exited; see " + cp.inClusterIPAM.LogPath)
+		}
+		return httpOK("http://" + health + "/readyz")
+	})
+}
+
+// StopInClusterIPAM ends the in-cluster IPAM provider.
+func (cp *ControlPlane) StopInClusterIPAM() {
+	if cp.inClusterIPAM != nil {
+		cp.inClusterIPAM.Stop()
+		cp.inClusterIPAM = nil
+	}
+}
+
 // WebhookBinary builds cmd/webhook into bin/ and returns its path.
 func WebhookBinary(root string) (string, error) {
 	path := filepath.Join(root, "bin", "webhook")
@@ -360,7 +403,7 @@ func WebhookBinary(root string) (string, error) {
 
 // StartWebhook runs bin/webhook on the port the webhook configurations point at, as the service
 // account of config/rbac, and waits until it is ready.
-func (cp *ControlPlane) StartWebhook(ctx context.Context) error {
+func (cp *ControlPlane) StartWebhook(ctx context.Context, extraArgs ...string) error {
 	if cp.webhookKubeconfig == "" {
 		ns, name := cp.ServiceAccount()
 		user, err := cp.Env.ControlPlane.AddUser(envtest.User{
@@ -399,6 +442,7 @@ func (cp *ControlPlane) StartWebhook(ctx context.Context) error {
 		"--leader-elect",
 		"--leader-election-namespace=" + cp.serviceAccountNamespace(),
 	}, cp.opts.WebhookArgs...)
+	args = append(args, extraArgs...)
 	cp.webhook, err = StartProcess(ctx, filepath.Join(cp.Dir, "webhook.log"), bin,
 		[]string{"KUBECONFIG=" + cp.webhookKubeconfig}, args...)
 	if err != nil {

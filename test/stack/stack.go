@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	capipamv1beta1 "sigs.k8s.io/cluster-api/api/ipam/v1beta1"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
@@ -38,6 +39,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
 // Defaults of CAPM3's and the IPAM's main.go.
@@ -68,6 +71,11 @@ func (o Options) withDefaults() Options {
 		o.Concurrency = DefaultConcurrency
 	}
 	return o
+}
+
+// controllerOptions are main.go's; a test process starts the same controller more than once.
+func (o Options) controllerOptions() controller.Options {
+	return controller.Options{MaxConcurrentReconciles: o.Concurrency, SkipNameValidation: ptr.To(true)}
 }
 
 // Running is a manager running in-process.
@@ -112,6 +120,9 @@ type Stats struct {
 	ClaimsCreated int
 	// FirstReconcileRequeued: the first reconcile did not finish the Metal3Data.
 	FirstReconcileRequeued bool
+	// FirstReconcileSawWaitingClaim: the first reconcile read a claim preallocated for this
+	// Metal3Data that was not handed over yet (for an IPClaim, CAPM3 then requeues).
+	FirstReconcileSawWaitingClaim bool
 }
 
 // Counter records Stats by Metal3Data.
@@ -162,6 +173,18 @@ func (c *Counter) reconciled(key types.NamespacedName, res reconcile.Result, err
 	}
 }
 
+func (c *Counter) claimRead(obj client.Object) {
+	dataName, waiting := obj.GetAnnotations()[allocation.PreallocatedForAnnotation]
+	if !waiting || len(obj.GetOwnerReferences()) > 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.get(types.NamespacedName{Namespace: obj.GetNamespace(), Name: dataName}); s.Reconciles == 0 {
+		s.FirstReconcileSawWaitingClaim = true
+	}
+}
+
 func (c *Counter) claimCreated(obj client.Object) {
 	for _, ref := range obj.GetOwnerReferences() {
 		if ref.Kind == "Metal3Data" {
@@ -202,13 +225,23 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 		Client: client.Options{Cache: &client.CacheOptions{
 			DisableFor: []client.Object{&bmov1alpha1.BareMetalHost{}, &corev1.ConfigMap{}, &corev1.Secret{}},
 		}},
-		// Counts the claims CAPM3 creates; everything else passes through.
+		// Counts the claims CAPM3 creates and the waiting claims it reads; all else passes through.
 		NewClient: func(cfg *rest.Config, o client.Options) (client.Client, error) {
 			c, err := client.NewWithWatch(cfg, o)
 			if err != nil {
 				return nil, err
 			}
 			return interceptor.NewClient(c, interceptor.Funcs{
+				Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+					err := c.Get(ctx, key, obj, opts...)
+					switch obj.(type) {
+					case *ipamv1.IPClaim, *capipamv1.IPAddressClaim:
+						if err == nil {
+							counter.claimRead(obj)
+						}
+					}
+					return err
+				},
 				Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 					err := c.Create(ctx, obj, opts...)
 					switch obj.(type) {
@@ -241,7 +274,7 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 	// the CRD probes it makes first always succeed here.
 	err = ctrl.NewControllerManagedBy(mgr).
 		For(&infrav1.Metal3Data{}).
-		WithOptions(controller.Options{MaxConcurrentReconciles: opts.Concurrency}).
+		WithOptions(opts.controllerOptions()).
 		Watches(&capipamv1beta1.IPAddressClaim{}, handler.EnqueueRequestsFromMapFunc(r.IPAddressClaimToMetal3Data)).
 		Watches(&ipamv1.IPClaim{}, handler.EnqueueRequestsFromMapFunc(r.Metal3IPClaimToMetal3Data)).
 		WithEventFilter(predicates.ResourceNotPausedAndHasFilterLabel(mgr.GetScheme(), ctrl.LoggerFrom(ctx), "")).
@@ -279,7 +312,7 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 		ManagerFactory: ipam.NewManagerFactory(mgr.GetClient()),
 		Log:            ctrl.Log.WithName("controllers").WithName("IPPoolForIPClaim"),
 	}
-	if err := forIPClaim.SetupWithManagerForIPClaim(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.Concurrency}); err != nil {
+	if err := forIPClaim.SetupWithManagerForIPClaim(ctx, mgr, opts.controllerOptions()); err != nil {
 		return nil, err
 	}
 	forAddressClaim := &ipamcontrollers.IPPoolReconciler{
@@ -287,7 +320,7 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 		ManagerFactory: ipam.NewManagerFactory(mgr.GetClient()),
 		Log:            ctrl.Log.WithName("controllers").WithName("IPPoolForIPAddressClaim"),
 	}
-	if err := forAddressClaim.SetupWithManagerForIPAddressClaim(ctx, mgr, controller.Options{MaxConcurrentReconciles: opts.Concurrency}); err != nil {
+	if err := forAddressClaim.SetupWithManagerForIPAddressClaim(ctx, mgr, opts.controllerOptions()); err != nil {
 		return nil, err
 	}
 	return start(ctx, mgr), nil
