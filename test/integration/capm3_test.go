@@ -337,7 +337,6 @@ func TestRealControllers(t *testing.T) {
 	}
 }
 
-
 // releaseGivesAddressesBack: the claims of a Metal3Data that a later webhook rejects are
 // allocated by the IPAMs, then released, and the IPAMs delete their addresses.
 func releaseGivesAddressesBack(t *testing.T, ns string) {
