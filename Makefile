@@ -35,7 +35,9 @@ verify-manifests: manifests ## Fail when the generated manifests are not committ
 
 .PHONY: test
 test: tools lint verify-manifests ## Unit tests and the kubectl suites against a real control plane.
-	go test ./... -count=1
+	go test -count=1 $$(go list ./... | grep -v /test/integration)
+	@# Verbose, for the CAPM3 reconcile counts it reports.
+	go test -count=1 -v ./test/integration
 
 .PHONY: demo
 demo: tools ## Run the webhook with CAPM3 and the Metal3 IPAM on an embedded control plane and apply examples/.

@@ -33,6 +33,7 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/pkg/handover"
 	"github.com/metal3-community/ip-preallocator/pkg/mutate"
+	"github.com/metal3-community/ip-preallocator/pkg/validate"
 )
 
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
@@ -185,6 +186,10 @@ func run(ctx context.Context, o options) error {
 			BMHNameBased: o.bmhNameBased,
 			Timeout:      o.claimTimeout,
 		}})
+
+	if err := (&validate.Metal3DataTemplate{Reader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper()}).SetupWebhookWithManager(mgr); err != nil {
+		return err
+	}
 
 	recorder := mgr.GetEventRecorder("ip-preallocator")
 	if err := (&handover.HandOver{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr, o.concurrency); err != nil {

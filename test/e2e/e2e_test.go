@@ -278,3 +278,37 @@ func TestRenderedConfigInstalls(t *testing.T) {
 		}
 	}
 }
+
+// TestTemplateValidation shows what a user sees when applying a Metal3DataTemplate: the error,
+// with its field, for a reference CAPM3 would fail on, and warnings for what is suspicious.
+func TestTemplateValidation(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "templates", false)
+
+	_, stderr, err := cp.Apply(ctx, ns, "testdata/template-invalid.yaml", nil)
+	if err == nil {
+		t.Fatal("the invalid template was accepted")
+	}
+	want := `The Metal3DataTemplate "broken" is invalid: spec.networkData.networks.ipv6[0].fromPoolRef: ` +
+		`Invalid value: "shared": pool "shared" is referenced as ipam.cluster.x-k8s.io/InClusterIPPool here and as ipam.metal3.io/IPPool ` +
+		`at spec.networkData.networks.ipv4[0].ipAddressFromIPPool; CAPM3 fails on one name with two resource types`
+	if !strings.Contains(stderr, want) {
+		t.Errorf("kubectl said:\n%s\nwant it to contain:\n%s", stderr, want)
+	}
+
+	_, stderr, err = cp.Apply(ctx, ns, "testdata/template-warning.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`Warning: spec.metaData.prefixesFromPool[0]: apiGroup "ipam.cluster.x-k8s.io" and kind "InClusterIPPool" are ignored by CAPM3 v1.13.2: pool "provisioning-v2" is read as an ipam.metal3.io IPPool`,
+		`Warning: spec.metaData.prefixesFromPool[0].name: IPPool.ipam.metal3.io "provisioning-v2" does not exist in namespace "templates"`,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("kubectl said:\n%s\nwant it to contain:\n%s", stderr, want)
+		}
+	}
+	if strings.Contains(stderr, `"provisioning" does not exist`) {
+		t.Errorf("warned about an existing pool:\n%s", stderr)
+	}
+}

@@ -18,8 +18,10 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
@@ -34,7 +36,22 @@ var cp *harness.ControlPlane
 func TestMain(m *testing.M) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var err error
+	dir, err := os.MkdirTemp("", "ip-preallocator-integration-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// The in-process controllers log to a file; the test output keeps the reports.
+	logFile, err := os.Create(dir + "/controllers.log")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	klog.SetOutput(logFile)
+	klog.LogToStderr(false)
+	ctrl.SetLogger(klog.Background())
 	cp, err = harness.Start(ctx, harness.Options{
+		Dir:              dir,
 		GarbageCollector: true,
 		Webhook:          true,
 		WebhookArgs:      []string{"--release-grace-period=" + gracePeriod.String()},
@@ -48,7 +65,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	if code != 0 {
-		fmt.Fprintln(os.Stderr, "webhook log:", cp.WebhookLog())
+		fmt.Fprintln(os.Stderr, "logs of the webhook and the controllers are in", dir)
 	}
 	cancel()
 	cp.Stop()
