@@ -40,7 +40,9 @@ func TestValidateWarnsAboutPoolsThatAreNotThere(t *testing.T) {
 
 	for name, validate := range map[string]func() (admission.Warnings, error){
 		"create": func() (admission.Warnings, error) { return v.ValidateCreate(context.Background(), tmpl) },
-		"update": func() (admission.Warnings, error) { return v.ValidateUpdate(context.Background(), tmpl.DeepCopy(), tmpl) },
+		"update": func() (admission.Warnings, error) {
+			return v.ValidateUpdate(context.Background(), tmpl.DeepCopy(), tmpl)
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			warnings, err := validate()

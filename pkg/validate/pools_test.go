@@ -48,7 +48,7 @@ func TestPoolReferences(t *testing.T) {
 			tmpl: template("t", infrav1.NetworkDataNetwork{IPv4DHCP: []infrav1.NetworkDataIPv4DHCP{{Routes: []infrav1.NetworkDataRoutev4{{
 				Gateway: infrav1.NetworkGatewayv4{FromPoolRef: capi}}}}}},
 				&infrav1.MetaData{DNSServersFromPool: []infrav1.FromPool{{Key: "dns", Name: "shared", APIGroup: capi.APIGroup, Kind: capi.Kind}}}),
-			wantErrs: []string{`spec.networkData.networks.ipv4DHCP[0].routes[0].gateway.fromPoolRef: Invalid value: "shared": pool "shared" is referenced as ipam.cluster.x-k8s.io/InClusterIPPool here and as ipam.metal3.io/IPPool at spec.metaData.dnsServersFromPool[0].name`},
+			wantErrs:     []string{`spec.networkData.networks.ipv4DHCP[0].routes[0].gateway.fromPoolRef: Invalid value: "shared": pool "shared" is referenced as ipam.cluster.x-k8s.io/InClusterIPPool here and as ipam.metal3.io/IPPool at spec.metaData.dnsServersFromPool[0].name`},
 			wantWarnings: []string{`spec.metaData.dnsServersFromPool[0]: apiGroup "ipam.cluster.x-k8s.io" and kind "InClusterIPPool" are ignored by CAPM3 v1.13.2: pool "shared" is read as an ipam.metal3.io IPPool`},
 		},
 		{
@@ -79,8 +79,8 @@ func TestPoolReferences(t *testing.T) {
 				`" would be named "tttttttttt-999999-` + longPool + `" (258 characters for index 999999), which is not a valid object name: must be no more than 253 characters`},
 		},
 		{
-			name: "claim names with characters no object name takes",
-			tmpl: template("t", infrav1.NetworkDataNetwork{}, &infrav1.MetaData{GatewaysFromPool: []infrav1.FromPool{{Key: "gw", Name: "Pool_1"}}}),
+			name:     "claim names with characters no object name takes",
+			tmpl:     template("t", infrav1.NetworkDataNetwork{}, &infrav1.MetaData{GatewaysFromPool: []infrav1.FromPool{{Key: "gw", Name: "Pool_1"}}}),
 			wantErrs: []string{`spec.metaData.gatewaysFromPool[0].name: Invalid value: "Pool_1": the claims of pool "Pool_1" would be named "t-999999-Pool_1" (15 characters for index 999999), which is not a valid object name: a lowercase RFC 1123 subdomain`},
 		},
 		{
@@ -105,4 +105,3 @@ func TestPoolReferences(t *testing.T) {
 		})
 	}
 }
-
