@@ -43,6 +43,10 @@ test: tools lint verify-manifests ## Unit tests and the kubectl suites against a
 demo: tools ## Run the webhook with CAPM3 and the Metal3 IPAM on an embedded control plane and apply examples/.
 	go run ./test/demo $(DEMO_ARGS)
 
+.PHONY: bench
+bench: tools ## Measure preallocated against stock CAPM3; writes bench/results/ (see docs/benchmarks.md).
+	go run ./test/bench $(BENCH_ARGS)
+
 .PHONY: build
 build: ## Build the webhook binary into bin/.
 	go build -o $(BIN)/webhook ./cmd/webhook

@@ -172,6 +172,9 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
+	if err := registerCacheSizes(mgr.GetCache(), scheme, cached()); err != nil {
+		return err
+	}
 
 	mgr.GetWebhookServer().Register("/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate",
 		&webhook.Admission{Handler: &mutate.Preallocator{

@@ -2,6 +2,7 @@ package handover
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -61,8 +62,13 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
+	ref := allocation.ClaimRef{Kind: r.ClaimGVK.Kind, Name: claim.Name}
 	if err == nil && data.DeletionTimestamp.IsZero() {
-		ref := allocation.ClaimRef{Kind: r.ClaimGVK.Kind, Name: claim.Name}
+		if recorded, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation]); slices.Contains(recorded, ref) {
+			// The hand-over controller reacts to the Metal3Data's create event for recorded
+			// claims; another patch attempt here would only race it.
+			return ctrl.Result{}, nil
+		}
 		handed, err := handOverAll(ctx, r.Client, data, []allocation.ClaimRef{ref}, "resync")
 		if len(handed) > 0 {
 			r.Recorder.Eventf(data, nil, "Normal", "PreallocatedClaimsHandedOver", "HandOver",

@@ -14,22 +14,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
-	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/test/harness"
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
@@ -68,31 +62,6 @@ type Row struct {
 	ClaimsByCAPM3 int
 	// Claims maps a claim to its allocated address.
 	Claims map[string]string
-}
-
-// readiness records when each Metal3Data was first seen and first seen Ready.
-type readiness struct {
-	mu    sync.Mutex
-	added map[types.NamespacedName]time.Time
-	ready map[types.NamespacedName]time.Duration
-	news  chan types.NamespacedName
-}
-
-func (r *readiness) observe(obj any) {
-	data, ok := obj.(*infrav1.Metal3Data)
-	if !ok {
-		return
-	}
-	key := types.NamespacedName{Namespace: data.Namespace, Name: data.Name}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, seen := r.added[key]; !seen {
-		r.added[key] = time.Now()
-	}
-	if _, done := r.ready[key]; !done && data.Status.Ready != nil && *data.Status.Ready {
-		r.ready[key] = time.Since(r.added[key])
-		r.news <- key
-	}
 }
 
 func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
@@ -140,23 +109,10 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	}
 	defer capm3.Stop()
 
-	ready := &readiness{added: map[types.NamespacedName]time.Time{}, ready: map[types.NamespacedName]time.Duration{}, news: make(chan types.NamespacedName, 1024)}
-	watch, err := cache.New(cp.Config, cache.Options{Scheme: fixtures.Scheme()})
+	ready, err := stack.WatchReadiness(ctx, cp.Config)
 	if err != nil {
 		return nil, err
 	}
-	informer, err := watch.GetInformer(ctx, &infrav1.Metal3Data{})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    ready.observe,
-		UpdateFunc: func(_, obj any) { ready.observe(obj) },
-	}); err != nil {
-		return nil, err
-	}
-	go func() { _ = watch.Start(ctx) }()
-	watch.WaitForCacheSync(ctx)
 
 	fmt.Fprintln(out, "kubectl apply -f examples/")
 	stdout, _, err := cp.Kubectl(ctx, nil, "apply", "-f", filepath.Join(root, "examples"))
@@ -171,11 +127,11 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	want := len(strings.Fields(names))
 
 	deadline := time.After(o.timeout)
-	for len(ready.snapshot()) < want {
+	for len(ready.ReadyIn("")) < want {
 		select {
-		case <-ready.news:
+		case <-ready.News:
 		case <-deadline:
-			return nil, fmt.Errorf("only %d of %d Metal3Data became Ready within %v; see %s", len(ready.snapshot()), want, o.timeout, dir)
+			return nil, fmt.Errorf("only %d of %d Metal3Data became Ready within %v; see %s", len(ready.ReadyIn("")), want, o.timeout, dir)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -197,7 +153,7 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 		select {
 		case <-ctx.Done():
 			return rows, nil
-		case key := <-ready.news:
+		case key := <-ready.News:
 			more, err := report(ctx, cp.Client, capm3.Counter, ready)
 			if err != nil {
 				return rows, err
@@ -207,21 +163,12 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	}
 }
 
-func (r *readiness) snapshot() map[types.NamespacedName]time.Duration {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make(map[types.NamespacedName]time.Duration, len(r.ready))
-	for k, v := range r.ready {
-		out[k] = v
-	}
-	return out
-}
-
-func report(ctx context.Context, c client.Client, counter *stack.Counter, ready *readiness) ([]Row, error) {
+func report(ctx context.Context, c client.Client, counter *stack.Counter, ready *stack.Readiness) ([]Row, error) {
 	var rows []Row
-	for key, after := range ready.snapshot() {
+	for key, at := range ready.ReadyIn("") {
+		seen, _ := ready.Seen(key)
 		stats := counter.Of(key)
-		row := Row{Name: key.String(), ReadyAfter: after, Reconciles: stats.Reconciles, Requeues: stats.Requeues,
+		row := Row{Name: key.String(), ReadyAfter: at.Sub(seen), Reconciles: stats.Reconciles, Requeues: stats.Requeues,
 			ClaimsByCAPM3: stats.ClaimsCreated, Claims: map[string]string{}}
 		claims := &ipamv1.IPClaimList{}
 		if err := c.List(ctx, claims, client.InNamespace(key.Namespace)); err != nil {

@@ -53,6 +53,9 @@ type Options struct {
 	WebhookArgs []string
 	// Dir holds kubeconfigs, certificates and process logs; a temporary directory when empty.
 	Dir string
+	// AuditLog makes kube-apiserver log every request's metadata to AuditLogPath, for counting
+	// requests by client.
+	AuditLog bool
 }
 
 // ControlPlane is a running control plane.
@@ -124,6 +127,11 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			MutatingWebhooks:   mutating,
 			ValidatingWebhooks: validating,
 			LocalServingHost:   "127.0.0.1",
+		}
+	}
+	if opts.AuditLog {
+		if err := cp.configureAudit(); err != nil {
+			return nil, err
 		}
 	}
 	if cp.Config, err = cp.Env.Start(); err != nil {
@@ -520,3 +528,6 @@ func httpOK(url string) error {
 	}
 	return nil
 }
+
+// WebhookPid is the process id of the running webhook.
+func (cp *ControlPlane) WebhookPid() int { return cp.webhook.Pid() }

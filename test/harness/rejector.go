@@ -2,13 +2,8 @@ package harness
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"net"
 	"net/http"
-	"path/filepath"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,16 +18,7 @@ const RejectLabel = "test.ip-preallocator.metal3.io/reject"
 // InstallRejector serves a validating webhook for Metal3Data CREATE that rejects objects carrying
 // RejectLabel, with the serving certificate envtest made for the webhook.
 func (cp *ControlPlane) InstallRejector(ctx context.Context) error {
-	opts := cp.Env.WebhookInstallOptions
-	cert, err := tls.LoadX509KeyPair(filepath.Join(opts.LocalServingCertDir, "tls.crt"), filepath.Join(opts.LocalServingCertDir, "tls.key"))
-	if err != nil {
-		return err
-	}
-	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
-	if err != nil {
-		return err
-	}
-	reject := &admission.Webhook{Handler: admission.HandlerFunc(func(_ context.Context, req admission.Request) admission.Response {
+	url, err := cp.serveAdmission(ctx, admission.HandlerFunc(func(_ context.Context, req admission.Request) admission.Response {
 		obj := &metav1.PartialObjectMetadata{}
 		if err := json.Unmarshal(req.Object.Raw, obj); err != nil {
 			return admission.Errored(http.StatusBadRequest, err)
@@ -41,28 +27,19 @@ func (cp *ControlPlane) InstallRejector(ctx context.Context) error {
 			return admission.Denied("rejected by the test's validating webhook")
 		}
 		return admission.Allowed("")
-	})}
-	srv := &http.Server{Handler: reject} //nolint:gosec // loopback test server.
-	go func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			fmt.Println("rejector:", err)
-		}
-	}()
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-
-	_, port, _ := net.SplitHostPort(l.Addr().String())
+	}))
+	if err != nil {
+		return err
+	}
 	none := admissionv1.SideEffectClassNone
 	fail := admissionv1.Fail
 	return cp.Client.Create(ctx, &admissionv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "test-rejector"},
+		ObjectMeta: hookMeta("test-rejector"),
 		Webhooks: []admissionv1.ValidatingWebhook{{
 			Name: "reject.metal3data.test.ip-preallocator.metal3.io",
 			ClientConfig: admissionv1.WebhookClientConfig{
-				URL:      ptr.To("https://127.0.0.1:" + port + "/"),
-				CABundle: opts.LocalServingCAData,
+				URL:      ptr.To(url),
+				CABundle: cp.Env.WebhookInstallOptions.LocalServingCAData,
 			},
 			Rules: []admissionv1.RuleWithOperations{{
 				Operations: []admissionv1.OperationType{admissionv1.Create},
@@ -76,3 +53,5 @@ func (cp *ControlPlane) InstallRejector(ctx context.Context) error {
 		}},
 	})
 }
+
+func hookMeta(name string) metav1.ObjectMeta { return metav1.ObjectMeta{Name: name} }

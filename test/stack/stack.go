@@ -6,7 +6,9 @@ package stack
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
@@ -123,6 +125,27 @@ type Stats struct {
 	// FirstReconcileSawWaitingClaim: the first reconcile read a claim preallocated for this
 	// Metal3Data that was not handed over yet (for an IPClaim, CAPM3 then requeues).
 	FirstReconcileSawWaitingClaim bool
+	// WorkReconciles counts reconciles that did CAPM3's work: created claims or rendered the
+	// Secrets. Other reconciles at most patch the Metal3Data (CAPM3 re-patches a status it
+	// already wrote when its cache lags) or do nothing.
+	WorkReconciles int
+	// History has a letter per reconcile, in order: W did work, P only patched, . wrote nothing;
+	// lowercase when the reconcile ended in a requeue.
+	History string
+}
+
+// reconcileWrites lets the client tell the reconcile it serves what it wrote.
+type reconcileWrites struct{ wrote, created atomic.Bool }
+
+type reconcileKey struct{}
+
+func markWrite(ctx context.Context, created bool) {
+	if w, ok := ctx.Value(reconcileKey{}).(*reconcileWrites); ok {
+		w.wrote.Store(true)
+		if created {
+			w.created.Store(true)
+		}
+	}
 }
 
 // Counter records Stats by Metal3Data.
@@ -159,11 +182,19 @@ func (c *Counter) All() map[types.NamespacedName]Stats {
 	return out
 }
 
-func (c *Counter) reconciled(key types.NamespacedName, res reconcile.Result, err error) {
+func (c *Counter) reconciled(key types.NamespacedName, res reconcile.Result, err error, writes *reconcileWrites) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.get(key)
 	s.Reconciles++
+	letter := "."
+	switch {
+	case writes.created.Load():
+		s.WorkReconciles++
+		letter = "W"
+	case writes.wrote.Load():
+		letter = "P"
+	}
 	requeue := err != nil || res.RequeueAfter > 0 || res.Requeue //nolint:staticcheck // CAPM3 sets Requeue.
 	if requeue {
 		s.Requeues++
@@ -171,6 +202,13 @@ func (c *Counter) reconciled(key types.NamespacedName, res reconcile.Result, err
 	if s.Reconciles == 1 {
 		s.FirstReconcileRequeued = requeue
 	}
+	if requeue {
+		letter = strings.ToLower(letter)
+		if letter == "." {
+			letter = ","
+		}
+	}
+	s.History += letter
 }
 
 func (c *Counter) claimRead(obj client.Object) {
@@ -242,7 +280,28 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 					}
 					return err
 				},
+				Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+					markWrite(ctx, false)
+					return c.Update(ctx, obj, opts...)
+				},
+				Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+					markWrite(ctx, false)
+					return c.Patch(ctx, obj, patch, opts...)
+				},
+				Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+					markWrite(ctx, false)
+					return c.Delete(ctx, obj, opts...)
+				},
+				SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+					markWrite(ctx, false)
+					return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+				},
+				SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+					markWrite(ctx, false)
+					return c.SubResource(sub).Update(ctx, obj, opts...)
+				},
 				Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+					markWrite(ctx, true)
 					err := c.Create(ctx, obj, opts...)
 					switch obj.(type) {
 					case *ipamv1.IPClaim, *capipamv1.IPAddressClaim:
@@ -266,8 +325,9 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 		Log:            ctrl.Log.WithName("controllers").WithName("Metal3Data"),
 	}
 	counting := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-		res, err := r.Reconcile(ctx, req)
-		counter.reconciled(req.NamespacedName, res, err)
+		writes := &reconcileWrites{}
+		res, err := r.Reconcile(context.WithValue(ctx, reconcileKey{}, writes), req)
+		counter.reconciled(req.NamespacedName, res, err, writes)
 		return res, err
 	})
 	// CAPM3's Metal3DataReconciler.SetupWithManager, with the counting wrapper as the reconciler;

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// registerCacheSizes exports how many objects of each kind the informer cache holds, counted
+// when scraped, so that operators see what the webhook keeps in memory.
+func registerCacheSizes(c cache.Cache, scheme *runtime.Scheme, objs []client.Object) error {
+	for _, obj := range objs {
+		gvk, err := apiutil.GVKForObject(obj, scheme)
+		if err != nil {
+			return err
+		}
+		listGVK := gvk.GroupVersion().WithKind(gvk.Kind + "List")
+		newList := func() (client.ObjectList, error) {
+			if _, ok := obj.(*metav1.PartialObjectMetadata); ok {
+				l := &metav1.PartialObjectMetadataList{}
+				l.SetGroupVersionKind(listGVK)
+				return l, nil
+			}
+			l, err := scheme.New(listGVK)
+			if err != nil {
+				return nil, err
+			}
+			return l.(client.ObjectList), nil
+		}
+		if _, err := newList(); err != nil {
+			return err
+		}
+		gauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "ip_preallocator_cached_objects",
+			Help:        "Objects in the informer cache, by kind; metadata-only kinds hold metadata.",
+			ConstLabels: prometheus.Labels{"kind": gvk.Kind},
+		}, func() float64 {
+			list, _ := newList()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if err := c.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+				return -1
+			}
+			return float64(meta.LenList(list))
+		})
+		if err := metrics.Registry.Register(gauge); err != nil {
+			return err
+		}
+	}
+	return nil
+}
