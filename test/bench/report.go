@@ -53,10 +53,10 @@ type Run struct {
 	// Total is from the first create to the last Ready, in seconds.
 	Total float64
 	// CAPM3Started is when CAPM3 was started in a backlog, in seconds after the first create.
-	CAPM3Started                  float64 `json:",omitempty"`
-	Reconciles, WorkReconciles    []int   `json:"-"`
+	CAPM3Started               float64 `json:",omitempty"`
+	Reconciles, WorkReconciles []int   `json:"-"`
 	// Histories are each Metal3Data's CAPM3 reconciles (see stack.Stats.History).
-	Histories []string
+	Histories                     []string
 	Requeues                      int
 	FirstReconcileSawWaitingClaim int
 	ClaimsByCAPM3                 int
