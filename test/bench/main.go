@@ -113,6 +113,10 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	defer logFile.Close()
 	klog.SetOutput(logFile)
 	klog.LogToStderr(false)
+	quiet := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(quiet)
+	_ = quiet.Set("legacy_stderr_threshold_behavior", "false")
+	_ = quiet.Set("stderrthreshold", "FATAL")
 	ctrl.SetLogger(klog.Background())
 
 	fmt.Fprintf(out, "Logs in %s\n", dir)

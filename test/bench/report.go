@@ -52,8 +52,10 @@ type Run struct {
 	CreateLatency []float64 `json:"-"`
 	// Total is from the first create to the last Ready, in seconds.
 	Total float64
-	// CAPM3Started is when CAPM3 was started in a backlog, in seconds after the first create.
+	// CAPM3Started is when CAPM3 was started in a backlog, in seconds after the first create, and
+	// AfterCAPM3Start how long it then took until the last Metal3Data was Ready.
 	CAPM3Started               float64 `json:",omitempty"`
+	AfterCAPM3Start            float64 `json:",omitempty"`
 	Reconciles, WorkReconciles []int   `json:"-"`
 	// Histories are each Metal3Data's CAPM3 reconciles (see stack.Stats.History).
 	Histories                     []string
@@ -81,6 +83,9 @@ func (r *Run) finish(capm3 stack.Options) {
 		r.WorkReconcileMax = max(r.WorkReconcileMax, r.WorkReconciles[i])
 	}
 	r.ReconcilesMean = float64(sum) / float64(max(1, len(r.Reconciles)))
+	if r.CAPM3Started > 0 {
+		r.AfterCAPM3Start = r.Total - r.CAPM3Started
+	}
 	if r.Scenario != "idle" {
 		qps, burst := capm3.QPS, capm3.Burst
 		if qps == 0 {
@@ -217,6 +222,11 @@ func printReport(out io.Writer, r *Report) {
 	if a := r.Admission; a != nil {
 		fmt.Fprintf(out, "\nMetal3Data create latency: no-op webhook p50 %.1fms p99 %.1fms; ip-preallocator p50 %.1fms p99 %.1fms; ratio p50 %.2f p99 %.2f\n",
 			a.NoOp.P50*1000, a.NoOp.P99*1000, a.Preallocator.P50*1000, a.Preallocator.P99*1000, a.RatioP50, a.RatioP99)
+	}
+	for _, run := range r.Runs {
+		if run.AfterCAPM3Start > 0 {
+			fmt.Fprintf(out, "%s backlog %s: last Ready %.1fs after CAPM3 started\n", run.Setting, run.Mode, run.AfterCAPM3Start)
+		}
 	}
 	if f := r.Webhook; f != nil {
 		fmt.Fprintf(out, "Webhook process: peak RSS %.0f MiB; cached objects %v\n", f.PeakRSSMiB, f.CachedObjects)
