@@ -161,7 +161,11 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string)
 	if err != nil {
 		return nil, err
 	}
-	defer ipam.Stop()
+	defer func() {
+		if err := ipam.Stop(); err != nil {
+			fmt.Fprintf(b.out, "  stopping the IPAM: %v\n", err)
+		}
+	}()
 	var capm3 *stack.CAPM3
 	startCAPM3 := func() error {
 		capm3, err = stack.StartCAPM3(ctx, b.cp.Config, s.CAPM3)
@@ -215,7 +219,7 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string)
 	// Let the reconciles that follow Ready happen, so that they are counted.
 	time.Sleep(2 * time.Second)
 	if err := capm3.Stop(); err != nil {
-		return nil, err
+		fmt.Fprintf(b.out, "  stopping CAPM3: %v\n", err)
 	}
 	events, err := b.cp.AuditSince(offset)
 	if err != nil {

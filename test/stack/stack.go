@@ -86,11 +86,14 @@ type Running struct {
 	done   chan error
 }
 
-// Stop stops the manager and waits for it.
+// Stop stops the manager and waits for it, at most shutdownTimeout; a reconcile still waiting on
+// the client rate limiter then ends on its own once its context is cancelled.
 func (r *Running) Stop() error {
 	r.cancel()
 	return <-r.done
 }
+
+var shutdownTimeout = 10 * time.Second
 
 func start(ctx context.Context, mgr manager.Manager) *Running {
 	ctx, cancel := context.WithCancel(ctx)
@@ -251,9 +254,10 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 	req, _ := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
 	syncPeriod := 10 * time.Minute
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 capm3Scheme(),
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
+		Scheme:                  capm3Scheme(),
+		GracefulShutdownTimeout: &shutdownTimeout,
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:  "0",
 		Cache: cache.Options{
 			SyncPeriod: &syncPeriod,
 			ByObject: map[client.Object]cache.ByObject{
@@ -358,11 +362,12 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 	_ = capipamv1.AddToScheme(s)
 	syncPeriod := 10 * time.Minute
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 s,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{SyncPeriod: &syncPeriod},
-		Client:                 client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}},
+		Scheme:                  s,
+		GracefulShutdownTimeout: &shutdownTimeout,
+		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:  "0",
+		Cache:                   cache.Options{SyncPeriod: &syncPeriod},
+		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}},
 	})
 	if err != nil {
 		return nil, err
