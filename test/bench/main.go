@@ -40,7 +40,7 @@ func main() {
 	flag.IntVar(&c.idle, "idle", 20, "Metal3Data created one after another in the idle scenario.")
 	flag.IntVar(&c.burst, "burst", 200, "Metal3Data created at once in the burst scenarios.")
 	flag.IntVar(&c.backlog, "backlog", 200, "Metal3Data created while CAPM3 is stopped in the backlog scenario.")
-	flag.DurationVar(&c.pause, "backlog-pause", 20*time.Second, "How long CAPM3 stays stopped after a backlog is created.")
+	flag.DurationVar(&c.pause, "backlog-pause", 3*time.Minute, "At most how long CAPM3 stays stopped while the IPAMs fulfil a preallocated backlog; stock waits as long.")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
@@ -141,7 +141,7 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 				continue
 			}
 			modes := []string{modeStock, modePreallocated}
-			if i%2 == 1 {
+			if i%2 == 1 || sc.Kind == "backlog" {
 				modes = []string{modePreallocated, modeStock}
 			}
 			for _, mode := range modes {
