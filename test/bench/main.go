@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
-	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/metal3-community/ip-preallocator/test/harness"
 	"github.com/metal3-community/ip-preallocator/test/stack"
@@ -27,7 +26,7 @@ import (
 
 type config struct {
 	idle, burst, backlog int
-	// pause is how long CAPM3 stays stopped after the last Metal3Data of a backlog is created.
+	// pause bounds how long CAPM3 stays stopped while the IPAMs fulfil a preallocated backlog.
 	pause   time.Duration
 	timeout time.Duration
 	results string
@@ -40,7 +39,7 @@ func main() {
 	flag.IntVar(&c.idle, "idle", 20, "Metal3Data created one after another in the idle scenario.")
 	flag.IntVar(&c.burst, "burst", 200, "Metal3Data created at once in the burst scenarios.")
 	flag.IntVar(&c.backlog, "backlog", 200, "Metal3Data created while CAPM3 is stopped in the backlog scenario.")
-	flag.DurationVar(&c.pause, "backlog-pause", 3*time.Minute, "At most how long CAPM3 stays stopped while the IPAMs fulfil a preallocated backlog; stock waits as long.")
+	flag.DurationVar(&c.pause, "backlog-pause", time.Minute, "At most how long CAPM3 stays stopped while the IPAMs fulfil a preallocated backlog; stock waits as long.")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
@@ -73,6 +72,10 @@ type scenario struct {
 
 var raised = stack.Options{QPS: 1000, Burst: 2000}
 
+// settings are the two client rate limit configurations. Idle Metal3Data do not meet a rate
+// limit, so idle runs only at the defaults. The backlog scenario measures CAPM3's queue, not the
+// IPAM's throughput (the burst scenarios do), so its IPAM runs with the raised limit: at 20/s the
+// IPAM alone needs minutes for the claims of 200 machines.
 func settings() []setting {
 	return []setting{
 		{
@@ -81,7 +84,7 @@ func settings() []setting {
 				{Name: "idle", Kind: "idle"},
 				{Name: "burst", Kind: "burst"},
 				{Name: "burst-fast-ipam", Kind: "burst", IPAM: &raised},
-				{Name: "backlog", Kind: "backlog"},
+				{Name: "backlog", Kind: "backlog", IPAM: &raised},
 			},
 		},
 		{
@@ -89,7 +92,6 @@ func settings() []setting {
 			CAPM3: raised,
 			IPAM:  raised,
 			Scenarios: []scenario{
-				{Name: "idle", Kind: "idle"},
 				{Name: "burst", Kind: "burst"},
 				{Name: "backlog", Kind: "backlog"},
 			},
@@ -106,18 +108,11 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	logFile, err := os.Create(filepath.Join(dir, "controllers.log"))
+	logs, err := harness.LogControllersTo(filepath.Join(dir, "controllers.log"))
 	if err != nil {
 		return nil, err
 	}
-	defer logFile.Close()
-	klog.SetOutput(logFile)
-	klog.LogToStderr(false)
-	quiet := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(quiet)
-	_ = quiet.Set("legacy_stderr_threshold_behavior", "false")
-	_ = quiet.Set("stderrthreshold", "FATAL")
-	ctrl.SetLogger(klog.Background())
+	defer logs.Close()
 
 	fmt.Fprintf(out, "Logs in %s\n", dir)
 	cp, err := harness.Start(ctx, harness.Options{Webhook: true, AuditLog: true, Dir: dir})

@@ -216,7 +216,7 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string)
 		}
 	}
 	// The managers' caches sync before they act; leave them that time outside the measurement.
-	time.Sleep(2 * time.Second)
+	time.Sleep(time.Second)
 
 	offset, err := b.cp.AuditOffset()
 	if err != nil {

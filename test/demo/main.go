@@ -20,8 +20,6 @@ import (
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/test/harness"
@@ -39,11 +37,7 @@ func main() {
 	flag.StringVar(&o.dir, "dir", ".demo", "Directory for the kubeconfig and the logs, relative to the repository.")
 	flag.BoolVar(&o.exit, "exit-after-summary", false, "Stop once every example Metal3Data is Ready and reported.")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "How long the examples may take to become Ready.")
-	klog.InitFlags(nil)
-	_ = flag.Set("v", "0")
 	flag.Parse()
-	// The controllers' logs go to a file; the terminal shows the report.
-	ctrl.SetLogger(klog.Background())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -77,13 +71,11 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	logFile, err := os.Create(filepath.Join(dir, "controllers.log"))
+	logs, err := harness.LogControllersTo(filepath.Join(dir, "controllers.log"))
 	if err != nil {
 		return nil, err
 	}
-	defer logFile.Close()
-	klog.SetOutput(logFile)
-	klog.LogToStderr(false)
+	defer logs.Close()
 
 	fmt.Fprintln(out, "Starting etcd, kube-apiserver and the ip-preallocator webhook...")
 	cp, err := harness.Start(ctx, harness.Options{Webhook: true, Dir: dir})

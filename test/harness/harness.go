@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -28,6 +29,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -517,8 +520,11 @@ func waitFor(ctx context.Context, timeout time.Duration, check func() error) err
 	}
 }
 
-func httpOK(url string) error {
-	resp, err := http.Get(url) //nolint:gosec // loopback health endpoint of a process we started.
+func httpOK(url string) error { return healthy(http.DefaultClient, url) }
+
+// healthy tells whether a health endpoint of a process we started answers 200.
+func healthy(c *http.Client, url string) error {
+	resp, err := c.Get(url)
 	if err != nil {
 		return err
 	}
@@ -531,3 +537,20 @@ func httpOK(url string) error {
 
 // WebhookPid is the process id of the running webhook.
 func (cp *ControlPlane) WebhookPid() int { return cp.webhook.Pid() }
+
+// LogControllersTo sends the logs of in-process controllers (klog and controller-runtime) to a
+// file, so that a test's or a command's own output stays readable.
+func LogControllersTo(path string) (io.Closer, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	klog.SetOutput(f)
+	klog.LogToStderr(false)
+	quiet := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(quiet)
+	_ = quiet.Set("legacy_stderr_threshold_behavior", "false")
+	_ = quiet.Set("stderrthreshold", "FATAL")
+	ctrl.SetLogger(klog.Background())
+	return f, nil
+}

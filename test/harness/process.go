@@ -70,17 +70,6 @@ func (p *Process) Stop() {
 }
 
 func httpsOK(url string) error {
-	c := &http.Client{Transport: &http.Transport{
-		// The controller manager's self-signed serving certificate, on loopback.
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec
-	}}
-	resp, err := c.Get(url)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	return nil
+	// The controller manager's self-signed serving certificate, on loopback.
+	return healthy(&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}, url) //nolint:gosec
 }

@@ -18,10 +18,8 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
@@ -42,14 +40,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	// The in-process controllers log to a file; the test output keeps the reports.
-	logFile, err := os.Create(dir + "/controllers.log")
-	if err != nil {
+	if _, err := harness.LogControllersTo(dir + "/controllers.log"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	klog.SetOutput(logFile)
-	klog.LogToStderr(false)
-	ctrl.SetLogger(klog.Background())
 	cp, err = harness.Start(ctx, harness.Options{
 		Dir:              dir,
 		GarbageCollector: true,
