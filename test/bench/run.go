@@ -192,10 +192,15 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string)
 	if err != nil {
 		return nil, err
 	}
+	// Each run watches its own namespace (the controllers' --namespace), so that it does not
+	// also reconcile what earlier runs left.
 	ipamOpts := s.IPAM
 	if sc.IPAM != nil {
 		ipamOpts = *sc.IPAM
 	}
+	ipamOpts.Namespace = ns
+	capm3Opts := s.CAPM3
+	capm3Opts.Namespace = ns
 	ipam, err := stack.StartIPAM(ctx, b.cp.Config, ipamOpts)
 	if err != nil {
 		return nil, err
@@ -207,7 +212,7 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string)
 	}()
 	var capm3 *stack.CAPM3
 	startCAPM3 := func() error {
-		capm3, err = stack.StartCAPM3(ctx, b.cp.Config, s.CAPM3)
+		capm3, err = stack.StartCAPM3(ctx, b.cp.Config, capm3Opts)
 		return err
 	}
 	if sc.Kind != "backlog" {

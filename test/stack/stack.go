@@ -63,6 +63,17 @@ type Options struct {
 	// BMHNameBased is CAPM3's --enable-bmh-name-based-preallocation (a process-wide variable of
 	// CAPM3's baremetal package).
 	BMHNameBased bool
+	// Namespace is the controllers' --namespace: only it is watched. Empty watches all.
+	Namespace string
+}
+
+func (o Options) cache() cache.Options {
+	syncPeriod := 10 * time.Minute
+	c := cache.Options{SyncPeriod: &syncPeriod}
+	if o.Namespace != "" {
+		c.DefaultNamespaces = map[string]cache.Config{o.Namespace: {}}
+	}
+	return c
 }
 
 func (o Options) withDefaults() Options {
@@ -252,18 +263,16 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 
 	counter := &Counter{}
 	req, _ := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
-	syncPeriod := 10 * time.Minute
+	cacheOpts := opts.cache()
+	cacheOpts.ByObject = map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: labels.NewSelector().Add(*req)},
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  capm3Scheme(),
 		GracefulShutdownTimeout: &shutdownTimeout,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:  "0",
-		Cache: cache.Options{
-			SyncPeriod: &syncPeriod,
-			ByObject: map[client.Object]cache.ByObject{
-				&corev1.Secret{}: {Label: labels.NewSelector().Add(*req)},
-			},
-		},
+		Cache:                   cacheOpts,
 		Client: client.Options{Cache: &client.CacheOptions{
 			DisableFor: []client.Object{&bmov1alpha1.BareMetalHost{}, &corev1.ConfigMap{}, &corev1.Secret{}},
 		}},
@@ -360,13 +369,12 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 	_ = ipamv1.AddToScheme(s)
 	_ = clusterv1.AddToScheme(s)
 	_ = capipamv1.AddToScheme(s)
-	syncPeriod := 10 * time.Minute
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  s,
 		GracefulShutdownTimeout: &shutdownTimeout,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:  "0",
-		Cache:                   cache.Options{SyncPeriod: &syncPeriod},
+		Cache:                   opts.cache(),
 		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}},
 	})
 	if err != nil {
