@@ -12,7 +12,7 @@ import (
 func TestQuickBench(t *testing.T) {
 	var out bytes.Buffer
 	report, err := run(context.Background(), config{
-		idle: 5, burst: 15, backlog: 15, pause: 3 * time.Second, timeout: 5 * time.Minute,
+		idle: 10, burst: 15, backlog: 15, pause: 3 * time.Second, timeout: 5 * time.Minute,
 	}, &out)
 	t.Log(out.String())
 	if err != nil {
