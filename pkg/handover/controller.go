@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -160,19 +161,9 @@ func handOverAll(ctx context.Context, c client.Client, data metav1.Object, refs 
 		})
 	}
 	pending.Wait()
-	slices.SortFunc(handed, func(a, b allocation.ClaimRef) int { return compare(a.String(), b.String()) })
+	slices.SortFunc(handed, func(a, b allocation.ClaimRef) int { return strings.Compare(a.String(), b.String()) })
 	if len(errs) > 0 {
 		return handed, fmt.Errorf("handing over claims of Metal3Data %s: %v", klog.KObj(data), errs)
 	}
 	return handed, nil
-}
-
-func compare(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -5,7 +5,6 @@ package stack
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -398,6 +397,3 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 	}
 	return start(ctx, mgr), nil
 }
-
-// ErrStopped is returned by Wait helpers when a manager stopped early.
-var ErrStopped = errors.New("manager stopped")
