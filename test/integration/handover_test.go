@@ -120,6 +120,25 @@ func handedOver(claim client.Object, data *infrav1.Metal3Data) string {
 	return ""
 }
 
+// allHandedOver checks every claim of the machines, recording their resource versions when asked.
+func allHandedOver(ctx context.Context, ms []*fixtures.Machine, versions map[string]string) error {
+	for _, m := range ms {
+		for _, pool := range pools {
+			claim, err := claimOf(ctx, m, pool)
+			if err != nil {
+				return err
+			}
+			if problem := handedOver(claim, m.Data); problem != "" {
+				return fmt.Errorf("%s: %s", claim.GetName(), problem)
+			}
+			if versions != nil {
+				versions[claim.GetName()] = claim.GetResourceVersion()
+			}
+		}
+	}
+	return nil
+}
+
 func eventually(t *testing.T, timeout time.Duration, check func() error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -158,20 +177,7 @@ func TestHandOverUnderConcurrentCreations(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	check := func() error {
-		for _, m := range ms {
-			for _, pool := range pools {
-				claim, err := claimOf(ctx, m, pool)
-				if err != nil {
-					return err
-				}
-				if problem := handedOver(claim, m.Data); problem != "" {
-					return fmt.Errorf("%s: %s", claim.GetName(), problem)
-				}
-			}
-		}
-		return nil
-	}
+	check := func() error { return allHandedOver(ctx, ms, nil) }
 	eventually(t, 10*time.Second, check)
 	// The collector looks owners up within milliseconds of seeing a dependent; give it time to
 	// do anything it would do.
@@ -293,21 +299,7 @@ func TestRestartWritesNothing(t *testing.T) {
 		}
 	}
 	versions := map[string]string{}
-	eventually(t, 10*time.Second, func() error {
-		for _, m := range ms {
-			for _, pool := range pools {
-				claim, err := claimOf(ctx, m, pool)
-				if err != nil {
-					return err
-				}
-				if problem := handedOver(claim, m.Data); problem != "" {
-					return fmt.Errorf("%s: %s", claim.GetName(), problem)
-				}
-				versions[claim.GetName()] = claim.GetResourceVersion()
-			}
-		}
-		return nil
-	})
+	eventually(t, 10*time.Second, func() error { return allHandedOver(ctx, ms, versions) })
 	cp.StopWebhook()
 	if err := cp.StartWebhook(ctx); err != nil {
 		t.Fatal(err)
