@@ -14,7 +14,6 @@ import (
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"github.com/spf13/pflag"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -99,21 +98,16 @@ func main() {
 // cached lists what the admission path and the hand-over read, all through the cache; only the
 // Metal3DataTemplate, Metal3Machine and Cluster are read beyond their metadata.
 func cached() []client.Object {
-	meta := func(gvk schema.GroupVersionKind) client.Object {
-		m := &metav1.PartialObjectMetadata{}
-		m.SetGroupVersionKind(gvk)
-		return m
-	}
 	return []client.Object{
 		&infrav1.Metal3DataTemplate{},
 		&infrav1.Metal3Machine{},
 		&clusterv1.Cluster{},
-		meta(infrav1.GroupVersion.WithKind("Metal3DataClaim")),
-		meta(clusterv1.GroupVersion.WithKind("Machine")),
-		meta(bmov1alpha1.GroupVersion.WithKind("BareMetalHost")),
-		meta(allocation.IPClaimGVK),
-		meta(allocation.IPAddressClaimGVK),
-		meta(handover.Metal3DataGVK),
+		allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3DataClaim")),
+		allocation.Metadata(clusterv1.GroupVersion.WithKind("Machine")),
+		allocation.Metadata(bmov1alpha1.GroupVersion.WithKind("BareMetalHost")),
+		allocation.Metadata(allocation.IPClaimGVK),
+		allocation.Metadata(allocation.IPAddressClaimGVK),
+		allocation.Metadata(handover.Metal3DataGVK),
 	}
 }
 

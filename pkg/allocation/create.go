@@ -7,6 +7,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -89,10 +90,16 @@ func (c *Creator) create(ctx context.Context, dataName string, claim Claim) Resu
 }
 
 func getMetadata(ctx context.Context, r client.Reader, claim Claim, namespace, name string) (*metav1.PartialObjectMetadata, error) {
-	m := &metav1.PartialObjectMetadata{}
-	m.SetGroupVersionKind(claim.GVK())
+	m := Metadata(claim.GVK())
 	err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, m)
 	return m, err
+}
+
+// Metadata is an empty metadata-only object of a kind, for reads that need only metadata.
+func Metadata(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(gvk)
+	return m
 }
 
 // IsPreallocatedFor tells whether a claim was preallocated for the Metal3Data named dataName and

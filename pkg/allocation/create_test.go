@@ -8,30 +8,19 @@ import (
 	"testing"
 	"time"
 
-	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 )
 
-func scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(s)
-	_ = infrav1.AddToScheme(s)
-	_ = ipamv1.AddToScheme(s)
-	_ = capipamv1.AddToScheme(s)
-	return s
-}
-
 func fakeClient(funcs *interceptor.Funcs, objs ...client.Object) client.WithWatch {
-	b := fake.NewClientBuilder().WithScheme(scheme()).WithObjects(objs...)
+	b := fake.NewClientBuilder().WithScheme(fixtures.Scheme()).WithObjects(objs...)
 	if funcs != nil {
 		b = b.WithInterceptorFuncs(*funcs)
 	}

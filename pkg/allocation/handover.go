@@ -128,8 +128,7 @@ func Release(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMe
 			return false, err
 		}
 	}
-	obj := &metav1.PartialObjectMetadata{}
-	obj.SetGroupVersionKind(gvk)
+	obj := Metadata(gvk)
 	obj.SetNamespace(claim.Namespace)
 	obj.SetName(claim.Name)
 	err := c.Delete(ctx, obj, client.Preconditions{UID: &claim.UID})
@@ -144,8 +143,7 @@ func patch(ctx context.Context, c client.Writer, gvk schema.GroupVersionKind, na
 	if err != nil {
 		return err
 	}
-	obj := &metav1.PartialObjectMetadata{}
-	obj.SetGroupVersionKind(gvk)
+	obj := Metadata(gvk)
 	obj.SetNamespace(namespace)
 	obj.SetName(name)
 	return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, body))

@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -57,12 +56,6 @@ func init() {
 // +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-func metadataOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
-	m := &metav1.PartialObjectMetadata{}
-	m.SetGroupVersionKind(gvk)
-	return m
-}
-
 // Metal3DataGVK is the version the controllers watch Metal3Data in.
 var Metal3DataGVK = infrav1.GroupVersion.WithKind("Metal3Data")
 
@@ -89,14 +82,14 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-handover").
-		For(metadataOf(Metal3DataGVK), builder.WithPredicates(preallocated, createOnly)).
+		For(allocation.Metadata(Metal3DataGVK), builder.WithPredicates(preallocated, createOnly)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(h)
 }
 
 // Reconcile implements reconcile.Reconciler.
 func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	data := metadataOf(Metal3DataGVK)
+	data := allocation.Metadata(Metal3DataGVK)
 	if err := h.Client.Get(ctx, req.NamespacedName, data); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -133,7 +126,7 @@ func handOverAll(ctx context.Context, c client.Client, data metav1.Object, refs 
 		if err != nil {
 			continue
 		}
-		cached := metadataOf(gvk)
+		cached := allocation.Metadata(gvk)
 		onlyMarker := true
 		switch err := c.Get(ctx, types.NamespacedName{Namespace: data.GetNamespace(), Name: ref.Name}, cached); {
 		case err == nil:

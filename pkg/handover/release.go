@@ -40,14 +40,14 @@ func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-release-"+r.ClaimGVK.Kind).
-		For(metadataOf(r.ClaimGVK), builder.WithPredicates(waiting)).
+		For(allocation.Metadata(r.ClaimGVK), builder.WithPredicates(waiting)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
 }
 
 // Reconcile implements reconcile.Reconciler.
 func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	claim := metadataOf(r.ClaimGVK)
+	claim := allocation.Metadata(r.ClaimGVK)
 	if err := r.Client.Get(ctx, req.NamespacedName, claim); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -57,7 +57,7 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	}
 	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(claim.Namespace, dataName))
 
-	data := metadataOf(Metal3DataGVK)
+	data := allocation.Metadata(Metal3DataGVK)
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err

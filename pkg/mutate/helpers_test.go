@@ -4,10 +4,11 @@ import (
 	"context"
 	"encoding/json"
 
-	jsonpatch "github.com/evanphx/json-patch/v5"
-	"github.com/google/go-cmp/cmp"
 	"testing"
 	"time"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/google/go-cmp/cmp"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	admissionv1 "k8s.io/api/admission/v1"

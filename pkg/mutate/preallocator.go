@@ -247,7 +247,7 @@ func (p *Preallocator) metal3Machine(ctx context.Context, data *infrav1.Metal3Da
 	if data.Spec.Claim == nil || data.Spec.Claim.Name == "" {
 		return nil, skipf(ReasonObjectMissing, "spec.claim is not set")
 	}
-	claim := metadataOf(infrav1.GroupVersion.WithKind("Metal3DataClaim"))
+	claim := allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3DataClaim"))
 	if err := p.get(ctx, data.Namespace, data.Spec.Claim.Name, claim); err != nil {
 		return nil, notFoundAs(err, ReasonObjectMissing)
 	}
@@ -271,7 +271,7 @@ func (p *Preallocator) ownerMachine(ctx context.Context, m3m *infrav1.Metal3Mach
 	if name == "" {
 		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s has no Machine owner yet", m3m.Name)
 	}
-	machine := metadataOf(clusterv1.GroupVersion.WithKind("Machine"))
+	machine := allocation.Metadata(clusterv1.GroupVersion.WithKind("Machine"))
 	if err := p.get(ctx, m3m.Namespace, name, machine); err != nil {
 		return nil, notFoundAs(err, ReasonObjectMissing)
 	}
@@ -288,7 +288,7 @@ func (p *Preallocator) host(ctx context.Context, m3m *infrav1.Metal3Machine) (*m
 	if err != nil {
 		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s: annotation %s: %v", m3m.Name, HostAnnotation, err)
 	}
-	bmh := metadataOf(bmov1alpha1.GroupVersion.WithKind("BareMetalHost"))
+	bmh := allocation.Metadata(bmov1alpha1.GroupVersion.WithKind("BareMetalHost"))
 	if err := p.get(ctx, m3m.Namespace, name, bmh); err != nil {
 		return nil, notFoundAs(err, ReasonObjectMissing)
 	}
@@ -302,12 +302,6 @@ func (p *Preallocator) get(ctx context.Context, namespace, name string, obj clie
 		return p.APIReader.Get(ctx, key, obj)
 	}
 	return err
-}
-
-func metadataOf(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
-	m := &metav1.PartialObjectMetadata{}
-	m.SetGroupVersionKind(gvk)
-	return m
 }
 
 // ownerName finds an owner by group and kind, ignoring version and UID as CAPM3 does.

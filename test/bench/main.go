@@ -31,7 +31,6 @@ type config struct {
 	timeout time.Duration
 	results string
 	only    string
-	plot    bool
 }
 
 func main() {
@@ -45,7 +44,6 @@ func main() {
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
 	klog.InitFlags(nil)
 	flag.Parse()
-	c.plot = true
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -178,10 +176,8 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	if err := os.WriteFile(filepath.Join(resultsDir, "results.json"), data, 0o644); err != nil {
 		return report, err
 	}
-	if c.plot {
-		if err := plotCDF(report, filepath.Join(resultsDir, "time-to-ready.png")); err != nil {
-			return report, err
-		}
+	if err := plotCDF(report, filepath.Join(resultsDir, "time-to-ready.png")); err != nil {
+		return report, err
 	}
 	fmt.Fprintf(out, "Results in %s\n", resultsDir)
 	return report, nil
