@@ -25,27 +25,32 @@ fmt: ## Format the code.
 	gofmt -w $$(git ls-files '*.go')
 
 .PHONY: lint
-lint: ## gofmt and go vet.
+lint: ## gofmt and go vet, in both modules.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	cd test && go vet ./...
 
 .PHONY: verify-manifests
 verify-manifests: manifests ## Fail when the generated manifests are not committed.
 	@git diff --exit-code -- config/ || { echo "config/ is out of date: run make manifests"; exit 1; }
 
+.PHONY: test-unit
+test-unit: ## Unit tests of the product module only: no control plane, no tools.
+	go test -count=1 ./...
+
 .PHONY: test
-test: tools lint verify-manifests ## Unit tests and the kubectl suites against a real control plane.
-	go test -count=1 $$(go list ./... | grep -v /test/integration)
+test: tools lint verify-manifests test-unit ## Unit tests and the suites of the test module against a real control plane.
+	cd test && go test -count=1 $$(go list ./... | grep -v /integration)
 	@# Verbose, for the CAPM3 reconcile counts it reports.
-	go test -count=1 -v ./test/integration
+	cd test && go test -count=1 -v ./integration
 
 .PHONY: demo
 demo: tools ## Run the webhook with CAPM3 and the Metal3 IPAM on an embedded control plane and apply examples/.
-	go run ./test/demo $(DEMO_ARGS)
+	cd test && go run ./demo $(DEMO_ARGS)
 
 .PHONY: bench
 bench: tools ## Measure preallocated against stock CAPM3; writes bench/results/ (see docs/benchmarks.md).
-	go run ./test/bench $(BENCH_ARGS)
+	cd test && go run ./bench $(BENCH_ARGS)
 
 .PHONY: build
 build: ## Build the webhook binary into bin/.

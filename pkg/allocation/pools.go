@@ -1,6 +1,6 @@
 // Package allocation holds the IP-claim domain of CAPM3's Metal3Data controller, free of admission
 // types: which pools a Metal3DataTemplate references, which claims CAPM3 v1.13.2 would create for a
-// Metal3Data, creating them ahead of CAPM3, handing them over and fetching their addresses.
+// Metal3Data, creating them ahead of CAPM3, handing them over and releasing them.
 package allocation
 
 import (

@@ -104,20 +104,20 @@ func TestSkips(t *testing.T) {
 				}
 			}
 			writes := 0
-			c := newClient(objs, &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			c := fixtures.NewClient(objs, &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 				writes++
 				return c.Create(ctx, obj, opts...)
 			}})
 			skipped := admissionsTotal.WithLabelValues("skipped", tc.reason)
 			before := testutil.ToFloat64(skipped)
 
-			resp := newPreallocator(c, false).Handle(context.Background(), createRequest(t, m.Data, tc.dryRun))
+			resp := newPreallocator(c, false).Handle(context.Background(), fixtures.CreateRequest(t, m.Data, tc.dryRun))
 
 			if !resp.Allowed || len(resp.Patches) != 0 {
 				t.Fatalf("allowed=%v patches=%v result=%v", resp.Allowed, resp.Patches, resp.Result)
 			}
-			if writes != 0 || len(claimsIn(t, c)) != 0 {
-				t.Errorf("%d writes, claims %v", writes, claimsIn(t, c))
+			if writes != 0 || len(fixtures.Claims(t, c)) != 0 {
+				t.Errorf("%d writes, claims %v", writes, fixtures.Claims(t, c))
 			}
 			if got := testutil.ToFloat64(skipped) - before; got != 1 {
 				t.Errorf("skip metric for %s rose by %v", tc.reason, got)
@@ -145,14 +145,14 @@ func TestPreallocates(t *testing.T) {
 			if tc.annotated {
 				m.Data.Annotations = map[string]string{"keep": "me"}
 			}
-			c := newClient(m.Objects(), nil)
-			req := createRequest(t, m.Data, false)
+			c := fixtures.NewClient(m.Objects(), nil)
+			req := fixtures.CreateRequest(t, m.Data, false)
 			resp := newPreallocator(c, tc.bmh).Handle(context.Background(), req)
 			if !resp.Allowed || len(resp.Warnings) != 0 {
 				t.Fatalf("allowed=%v warnings=%v", resp.Allowed, resp.Warnings)
 			}
-			if len(claimsIn(t, c)) != len(fixtures.AllPools) {
-				t.Fatalf("%d claims", len(claimsIn(t, c)))
+			if len(fixtures.Claims(t, c)) != len(fixtures.AllPools) {
+				t.Fatalf("%d claims", len(fixtures.Claims(t, c)))
 			}
 			got := applyPatch(t, req, resp)
 			recorded := strings.Split(got.Annotations[allocation.ClaimsAnnotation], ",")
@@ -181,13 +181,13 @@ func TestPreallocates(t *testing.T) {
 
 func TestPartialFailureIsAdmittedWithWarning(t *testing.T) {
 	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
-	c := newClient(m.Objects(), &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+	c := fixtures.NewClient(m.Objects(), &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 		if obj.GetName() == "tmpl-3-pool-capi" {
 			return apierrors.NewForbidden(obj.GetObjectKind().GroupVersionKind().GroupVersion().WithResource("ipaddressclaims").GroupResource(), obj.GetName(), nil)
 		}
 		return c.Create(ctx, obj, opts...)
 	}})
-	req := createRequest(t, m.Data, false)
+	req := fixtures.CreateRequest(t, m.Data, false)
 	resp := newPreallocator(c, false).Handle(context.Background(), req)
 	if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "IPAddressClaim tmpl-3-pool-capi left to CAPM3") {
 		t.Fatalf("allowed=%v warnings=%v", resp.Allowed, resp.Warnings)
@@ -201,10 +201,10 @@ func TestPartialFailureIsAdmittedWithWarning(t *testing.T) {
 
 func TestAllFailedIsAdmittedUnchanged(t *testing.T) {
 	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
-	c := newClient(m.Objects(), &interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+	c := fixtures.NewClient(m.Objects(), &interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
 		return apierrors.NewServiceUnavailable("down")
 	}})
-	resp := newPreallocator(c, false).Handle(context.Background(), createRequest(t, m.Data, false))
+	resp := newPreallocator(c, false).Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
 	if !resp.Allowed || len(resp.Patches) != 0 || len(resp.Warnings) != len(fixtures.AllPools) {
 		t.Fatalf("allowed=%v patches=%v warnings=%d", resp.Allowed, resp.Patches, len(resp.Warnings))
 	}
@@ -215,7 +215,7 @@ func TestUndecodableRequest(t *testing.T) {
 		req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 			Operation: admissionv1.Create, Namespace: "ns", Object: runtime.RawExtension{Raw: []byte(raw)},
 		}}
-		resp := newPreallocator(newClient(nil, nil), false).Handle(context.Background(), req)
+		resp := newPreallocator(fixtures.NewClient(nil, nil), false).Handle(context.Background(), req)
 		if resp.Allowed || resp.Result == nil || resp.Result.Code != 400 || !strings.Contains(resp.Result.Message, "decoding Metal3Data") {
 			t.Errorf("%q: %+v", raw, resp.Result)
 		}
@@ -224,7 +224,7 @@ func TestUndecodableRequest(t *testing.T) {
 
 func TestOtherOperationsPassThrough(t *testing.T) {
 	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Update}}
-	if resp := newPreallocator(newClient(nil, nil), false).Handle(context.Background(), req); !resp.Allowed || len(resp.Patches) != 0 {
+	if resp := newPreallocator(fixtures.NewClient(nil, nil), false).Handle(context.Background(), req); !resp.Allowed || len(resp.Patches) != 0 {
 		t.Fatalf("%+v", resp)
 	}
 }
@@ -239,14 +239,14 @@ func TestCacheMissFallsBackToLiveRead(t *testing.T) {
 			objs = append(objs, obj)
 		}
 	}
-	cache := newClient(objs, nil)
-	live := newClient(m.Objects(), nil)
+	cache := fixtures.NewClient(objs, nil)
+	live := fixtures.NewClient(m.Objects(), nil)
 	p := newPreallocator(cache, false)
 	p.APIReader = live
-	if resp := p.Handle(context.Background(), createRequest(t, m.Data, false)); len(resp.Patches) != 1 {
+	if resp := p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false)); len(resp.Patches) != 1 {
 		t.Fatalf("not preallocated: %+v", resp)
 	}
-	if len(claimsIn(t, cache)) != len(fixtures.AllPools) {
+	if len(fixtures.Claims(t, cache)) != len(fixtures.AllPools) {
 		t.Fatal("claims missing")
 	}
 }

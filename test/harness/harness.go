@@ -224,7 +224,8 @@ func ModuleDir(root, module string) (string, error) {
 		args = []string{"mod", "download", "-json", module}
 	}
 	cmd := exec.Command("go", args...)
-	cmd.Dir = root
+	// The test module requires the controllers' modules; the product module does not.
+	cmd.Dir = filepath.Join(root, "test")
 	cmd.Env = append(os.Environ(), "GONOSUMDB=github.com/metal3-io", "GOFLAGS=-mod=mod")
 	out, err := cmd.Output()
 	if err != nil {

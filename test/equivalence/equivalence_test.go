@@ -1,10 +1,13 @@
-package mutate
+// Package equivalence pins the preallocator to CAPM3's own code: it runs CAPM3 v1.13.2's
+// DataManager next to our admission handler on the same fixtures.
+package equivalence
 
 import (
 	"context"
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/google/go-cmp/cmp"
@@ -14,9 +17,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/mutate"
 )
 
 // comparable is what must be equal between CAPM3's claim and ours.
@@ -62,7 +67,7 @@ func TestClaimsEqualCAPM3(t *testing.T) {
 			m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
 			objs := append(m.Objects(), tc.existing...)
 
-			capm3Client := newClient(objs, nil)
+			capm3Client := fixtures.NewClient(objs, nil)
 			capm3Data := m.Data.DeepCopy()
 			capm3Data.UID = "metal3data-uid"
 			baremetal.EnableBMHNameBasedPreallocation = tc.bmhNameBased
@@ -75,14 +80,14 @@ func TestClaimsEqualCAPM3(t *testing.T) {
 			if err := dm.Reconcile(context.Background()); err == nil {
 				t.Fatal("CAPM3 reconcile did not wait for the claims")
 			}
-			want := claimsIn(t, capm3Client)
+			want := fixtures.Claims(t, capm3Client)
 
-			ourClient := newClient(objs, nil)
-			resp := newPreallocator(ourClient, tc.bmhNameBased).Handle(context.Background(), createRequest(t, m.Data, false))
+			ourClient := fixtures.NewClient(objs, nil)
+			resp := preallocator(ourClient, tc.bmhNameBased).Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
 			if !resp.Allowed || len(resp.Warnings) != len(tc.existing) {
 				t.Fatalf("admission: allowed=%v warnings=%v", resp.Allowed, resp.Warnings)
 			}
-			got := claimsIn(t, ourClient)
+			got := fixtures.Claims(t, ourClient)
 
 			if len(want) != len(fixtures.AllPools) {
 				t.Fatalf("CAPM3 ends with %d claims, the fixtures reference %d pools", len(want), len(fixtures.AllPools))
@@ -132,5 +137,15 @@ func TestClaimsEqualCAPM3(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func preallocator(c client.Client, bmhNameBased bool) *mutate.Preallocator {
+	return &mutate.Preallocator{
+		Reader:       c,
+		Creator:      &allocation.Creator{Client: c, Cache: c, APIReader: c},
+		Decoder:      admission.NewDecoder(fixtures.Scheme()),
+		BMHNameBased: bmhNameBased,
+		Timeout:      time.Second,
 	}
 }
