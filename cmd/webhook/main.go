@@ -50,6 +50,8 @@ type options struct {
 	bmhNameBased     bool
 	claimTimeout     time.Duration
 	releaseGrace     time.Duration
+	handOverDelay    time.Duration
+	requesters       []string
 	concurrency      int
 	qps              float32
 	burst            int
@@ -71,9 +73,13 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.bmhNameBased, "enable-bmh-name-based-preallocation", false,
 		"Name IPClaims <baremetalhost>-<pool> like CAPM3 with the same flag; set it exactly as CAPM3's.")
 	fs.DurationVar(&o.claimTimeout, "claim-creation-timeout", 3*time.Second,
-		"How long one admission may spend creating claims; keep it below the webhook's timeoutSeconds (5).")
+		"How long one admission may take, from the request's start; the API server's own timeout for the call, when shorter, bounds it too.")
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
+	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
+		"How long the leader leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
+	fs.StringSliceVar(&o.requesters, "preallocate-for-requesters", nil,
+		"Users whose Metal3Data creates get claims preallocated, e.g. the service account CAPM3 runs as; empty for everyone (transparent).")
 	fs.IntVar(&o.concurrency, "handover-concurrency", 10, "Metal3Data handed over in parallel.")
 	fs.Float32Var(&o.qps, "kube-api-qps", 100, "Requests per second to the API server, per resource type.")
 	fs.IntVar(&o.burst, "kube-api-burst", 200, "Burst of requests to the API server, per resource type.")
@@ -170,8 +176,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
+	admissions := &handover.Admissions{TTL: o.releaseGrace}
 	mgr.GetWebhookServer().Register("/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate",
-		&webhook.Admission{Handler: &mutate.Preallocator{
+		&webhook.Admission{WithContextFunc: mutate.WithRequestTiming, Handler: &mutate.Preallocator{
 			Reader:    mgr.GetClient(),
 			APIReader: mgr.GetAPIReader(),
 			Creator: &allocation.Creator{
@@ -179,9 +186,11 @@ func run(ctx context.Context, o options) error {
 				Cache:     mgr.GetClient(),
 				APIReader: mgr.GetAPIReader(),
 			},
-			Decoder:      admission.NewDecoder(scheme),
-			BMHNameBased: o.bmhNameBased,
-			Timeout:      o.claimTimeout,
+			Decoder:        admission.NewDecoder(scheme),
+			BMHNameBased:   o.bmhNameBased,
+			Timeout:        o.claimTimeout,
+			Requesters:     o.requesters,
+			OnPreallocated: admissions.Add,
 		}})
 
 	if err := (&validate.Metal3DataTemplate{Reader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper()}).SetupWebhookWithManager(mgr); err != nil {
@@ -189,12 +198,15 @@ func run(ctx context.Context, o options) error {
 	}
 
 	recorder := mgr.GetEventRecorder("ip-preallocator")
-	if err := (&handover.HandOver{Client: mgr.GetClient(), Recorder: recorder}).SetupWithManager(mgr, o.concurrency); err != nil {
+	if err := (&handover.HandOver{Client: mgr.GetClient(), Recorder: recorder, Admissions: admissions}).SetupWithManager(mgr, o.concurrency); err != nil {
 		return err
 	}
 	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
-		release := &handover.Release{Client: mgr.GetClient(), Recorder: recorder, GracePeriod: o.releaseGrace, ClaimGVK: gvk}
-		if err := release.SetupWithManager(mgr, o.concurrency); err != nil {
+		release := &handover.Release{
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
+			GracePeriod: o.releaseGrace, HandOverDelay: o.handOverDelay, ClaimGVK: gvk,
+		}
+		if err := release.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
 			return err
 		}
 	}

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"sync"
 
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -18,8 +21,8 @@ type Outcome string
 const (
 	// Created: the webhook created the claim.
 	Created Outcome = "created"
-	// Reused: the claim already existed, preallocated earlier for a Metal3Data of this name and
-	// not handed over to anyone yet, so it is this Metal3Data's.
+	// Reused: the claim already existed, preallocated earlier for a Metal3Data of this name, not
+	// handed over to anyone yet and with the planned spec, so it is claimed again for this one.
 	Reused Outcome = "reused"
 	// Foreign: a claim CAPM3 would use exists and belongs to something else. It is left
 	// untouched; CAPM3 decides what to do with it, as it would without the webhook.
@@ -44,24 +47,32 @@ type Creator struct {
 	// Cache answers whether a claim exists; it needs only claim metadata.
 	Cache client.Reader
 	// APIReader settles, with a live read, who owns a claim whose create found it existing
-	// although the cache did not have it yet.
+	// although the cache did not have it yet, and reads a claim in full before it is reused.
 	APIReader client.Reader
 }
 
 // Create makes sure every planned claim of the Metal3Data named dataName exists, concurrently,
-// and stops waiting when ctx ends. A claim that already exists under one of the names CAPM3 looks
-// for is never modified.
-func (c *Creator) Create(ctx context.Context, dataName string, claims []Claim) []Result {
+// claimed by the admission token, and stops waiting when ctx ends. A claim that already exists
+// under one of the names CAPM3 looks for is never modified, unless it waits for this name with
+// the planned spec: then only its AdmissionAnnotation changes.
+func (c *Creator) Create(ctx context.Context, dataName, token string, claims []Claim) []Result {
 	results := make([]Result, len(claims))
 	var wg sync.WaitGroup
 	for i := range claims {
-		wg.Go(func() { results[i] = c.create(ctx, dataName, claims[i]) })
+		wg.Go(func() {
+			defer func() {
+				if r := recover(); r != nil {
+					results[i] = Result{Claim: claims[i], Name: claims[i].Object.GetName(), Outcome: Failed, Err: fmt.Errorf("panic: %v", r)}
+				}
+			}()
+			results[i] = c.create(ctx, dataName, token, claims[i])
+		})
 	}
 	wg.Wait()
 	return results
 }
 
-func (c *Creator) create(ctx context.Context, dataName string, claim Claim) Result {
+func (c *Creator) create(ctx context.Context, dataName, token string, claim Claim) Result {
 	namespace := claim.Object.GetNamespace()
 	for _, name := range claim.Lookup {
 		existing, err := getMetadata(ctx, c.Cache, claim, namespace, name)
@@ -71,10 +82,10 @@ func (c *Creator) create(ctx context.Context, dataName string, claim Claim) Resu
 		if err != nil {
 			return Result{Claim: claim, Name: name, Outcome: Failed, Err: fmt.Errorf("looking up %s %s: %w", claim.Kind(), name, err)}
 		}
-		return classify(claim, existing, dataName)
+		return c.classify(ctx, claim, existing, dataName, token)
 	}
 
-	obj := claim.Preallocated()
+	obj := claim.Preallocated(token)
 	err := c.Client.Create(ctx, obj)
 	if err == nil {
 		return Result{Claim: claim, Name: obj.GetName(), Outcome: Created}
@@ -86,7 +97,7 @@ func (c *Creator) create(ctx context.Context, dataName string, claim Claim) Resu
 	if err != nil {
 		return Result{Claim: claim, Name: obj.GetName(), Outcome: Failed, Err: fmt.Errorf("reading existing %s %s: %w", claim.Kind(), obj.GetName(), err)}
 	}
-	return classify(claim, existing, dataName)
+	return c.classify(ctx, claim, existing, dataName, token)
 }
 
 func getMetadata(ctx context.Context, r client.Reader, claim Claim, namespace, name string) (*metav1.PartialObjectMetadata, error) {
@@ -109,11 +120,37 @@ func IsPreallocatedFor(claim metav1.Object, dataName string) bool {
 		len(claim.GetOwnerReferences()) == 0 && claim.GetDeletionTimestamp() == nil
 }
 
-func classify(claim Claim, existing metav1.Object, dataName string) Result {
-	if IsPreallocatedFor(existing, dataName) {
-		return Result{Claim: claim, Name: existing.GetName(), Outcome: Reused}
+// classify decides what an existing claim is to this admission, and reclaims it when it is ours.
+func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Object, dataName, token string) Result {
+	name := existing.GetName()
+	if !IsPreallocatedFor(existing, dataName) {
+		return Result{Claim: claim, Name: name, Outcome: Foreign,
+			Err: fmt.Errorf("%s %s/%s exists and does not belong to this Metal3Data; CAPM3 will decide",
+				claim.Kind(), existing.GetNamespace(), name)}
 	}
-	return Result{Claim: claim, Name: existing.GetName(), Outcome: Foreign,
-		Err: fmt.Errorf("%s %s/%s exists and does not belong to this Metal3Data; CAPM3 will decide",
-			claim.Kind(), existing.GetNamespace(), existing.GetName())}
+	full, _ := claim.Object.DeepCopyObject().(client.Object)
+	if err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: existing.GetNamespace(), Name: name}, full); err != nil {
+		return Result{Claim: claim, Name: name, Outcome: Failed, Err: fmt.Errorf("reading %s %s: %w", claim.Kind(), name, err)}
+	}
+	if !equality.Semantic.DeepEqual(specOf(full), specOf(claim.Object)) {
+		return Result{Claim: claim, Name: name, Outcome: Foreign,
+			Err: fmt.Errorf("%s %s/%s was preallocated for this name with another spec; CAPM3 will decide",
+				claim.Kind(), existing.GetNamespace(), name)}
+	}
+	full.GetObjectKind().SetGroupVersionKind(claim.GVK())
+	if err := Reclaim(ctx, c.Client, full, token); err != nil {
+		return Result{Claim: claim, Name: name, Outcome: Failed, Err: fmt.Errorf("reclaiming %s %s: %w", claim.Kind(), name, err)}
+	}
+	return Result{Claim: claim, Name: name, Outcome: Reused}
+}
+
+// specOf is what a claim asks the IPAM for; CAPM3 uses an existing claim without looking at it.
+func specOf(obj client.Object) any {
+	switch o := obj.(type) {
+	case *ipamv1.IPClaim:
+		return o.Spec
+	case *capipamv1.IPAddressClaim:
+		return o.Spec
+	}
+	return nil
 }

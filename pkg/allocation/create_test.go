@@ -9,6 +9,7 @@ import (
 	"time"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -35,6 +36,13 @@ func plannedClaims() []Claim {
 
 func existingIPClaim(name string, annotations map[string]string, owners ...metav1.OwnerReference) *ipamv1.IPClaim {
 	return &ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Annotations: annotations, OwnerReferences: owners}}
+}
+
+// waitingIPClaim is a claim an earlier admission preallocated for dataName in pool.
+func waitingIPClaim(name, pool, dataName string) *ipamv1.IPClaim {
+	c := existingIPClaim(name, map[string]string{PreallocatedForAnnotation: dataName, AdmissionAnnotation: "earlier"})
+	c.Spec.Pool = corev1.ObjectReference{Name: pool, Namespace: "ns"}
+	return c
 }
 
 func outcomes(results []Result) map[string]Outcome {
@@ -66,8 +74,13 @@ func TestCreate(t *testing.T) {
 		},
 		{
 			name:     "an earlier preallocation for this name is reused",
-			existing: []client.Object{existingIPClaim("tmpl-0-a", map[string]string{PreallocatedForAnnotation: "tmpl-0"})},
+			existing: []client.Object{waitingIPClaim("tmpl-0-a", "a", "tmpl-0")},
 			want:     map[string]Outcome{"tmpl-0-a": Reused, "tmpl-0-b": Created, "tmpl-0-capi": Created},
+		},
+		{
+			name:     "an earlier preallocation for this name with another spec is not adopted",
+			existing: []client.Object{waitingIPClaim("tmpl-0-a", "other-pool", "tmpl-0")},
+			want:     map[string]Outcome{"tmpl-0-a": Foreign, "tmpl-0-b": Created, "tmpl-0-capi": Created},
 		},
 		{
 			name: "claims of an earlier Metal3Data or of another one are foreign",
@@ -94,7 +107,7 @@ func TestCreate(t *testing.T) {
 			for _, obj := range tc.existing {
 				before[obj.GetName()] = obj.GetResourceVersion()
 			}
-			results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", plannedClaims())
+			results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", "this-admission", plannedClaims())
 			got := outcomes(results)
 			if len(got) != len(tc.want) {
 				t.Fatalf("outcomes = %v, want %v", got, tc.want)
@@ -108,15 +121,16 @@ func TestCreate(t *testing.T) {
 				if (r.Err != nil) != (r.Outcome == Foreign || r.Outcome == Failed) {
 					t.Errorf("%s: outcome %s with error %v", r.Name, r.Outcome, r.Err)
 				}
-				if r.Outcome != Created {
+				if r.Outcome != Created && r.Outcome != Reused {
 					continue
 				}
 				obj, _ := r.Claim.Object.DeepCopyObject().(client.Object)
 				if err := c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: r.Name}, obj); err != nil {
 					t.Fatal(err)
 				}
-				if obj.GetAnnotations()[PreallocatedForAnnotation] != "tmpl-0" || len(obj.GetOwnerReferences()) != 0 {
-					t.Errorf("%s created as %v", r.Name, obj)
+				if obj.GetAnnotations()[PreallocatedForAnnotation] != "tmpl-0" || obj.GetAnnotations()[AdmissionAnnotation] != "this-admission" ||
+					len(obj.GetOwnerReferences()) != 0 {
+					t.Errorf("%s %s as %v", r.Name, r.Outcome, obj)
 				}
 			}
 			for _, obj := range tc.existing {
@@ -124,7 +138,7 @@ func TestCreate(t *testing.T) {
 				if err := c.Get(context.Background(), client.ObjectKeyFromObject(obj), current); err != nil {
 					t.Fatal(err)
 				}
-				if current.ResourceVersion != before[obj.GetName()] {
+				if current.ResourceVersion != before[obj.GetName()] && got[obj.GetName()] != Reused {
 					t.Errorf("existing claim %s was modified", obj.GetName())
 				}
 			}
@@ -136,10 +150,10 @@ func TestCreate(t *testing.T) {
 // AlreadyExists and a live read decides.
 func TestCreateRaceWithStaleCache(t *testing.T) {
 	live := fakeClient(nil,
-		existingIPClaim("tmpl-0-a", map[string]string{PreallocatedForAnnotation: "tmpl-0"}),
+		waitingIPClaim("tmpl-0-a", "a", "tmpl-0"),
 		existingIPClaim("tmpl-0-b", nil, metav1.OwnerReference{Kind: "Metal3Data", Name: "tmpl-0", UID: "old"}))
 	staleCache := fakeClient(nil)
-	results := (&Creator{Client: live, Cache: staleCache, APIReader: live}).Create(context.Background(), "tmpl-0", plannedClaims()[:2])
+	results := (&Creator{Client: live, Cache: staleCache, APIReader: live}).Create(context.Background(), "tmpl-0", "this-admission", plannedClaims()[:2])
 	got := outcomes(results)
 	if got["tmpl-0-a"] != Reused || got["tmpl-0-b"] != Foreign {
 		t.Fatalf("outcomes = %v", got)
@@ -159,7 +173,7 @@ func TestCreateIsConcurrent(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, r := range (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", claims) {
+	for _, r := range (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", claims) {
 		if r.Outcome != Created {
 			t.Errorf("%s: %s %v", r.Name, r.Outcome, r.Err)
 		}
@@ -176,7 +190,7 @@ func TestCreateStopsAtDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", plannedClaims())
+	results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", plannedClaims())
 	if elapsed := time.Since(start); elapsed > 2*time.Second {
 		t.Errorf("Create took %v", elapsed)
 	}
@@ -189,7 +203,7 @@ func TestCreateStopsAtDeadline(t *testing.T) {
 
 func TestForeignErrorNamesTheClaim(t *testing.T) {
 	c := fakeClient(nil, existingIPClaim("tmpl-0-a", nil))
-	r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", plannedClaims()[:1])[0]
+	r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", "this-admission", plannedClaims()[:1])[0]
 	if r.Outcome != Foreign || !strings.Contains(r.Err.Error(), "IPClaim ns/tmpl-0-a exists") {
 		t.Fatalf("%s: %v", r.Outcome, r.Err)
 	}

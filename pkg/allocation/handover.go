@@ -3,19 +3,28 @@ package allocation
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
+	"github.com/go-openapi/jsonpointer"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	"gomodules.xyz/jsonpatch/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// ClaimRef names a claim recorded in ClaimsAnnotation.
+// MaxRecordedClaims bounds what is read from a ClaimsAnnotation: a person can write it, and a
+// template references a handful of pools.
+const MaxRecordedClaims = 64
+
+// ClaimRef names a claim recorded in ClaimsAnnotation, in the Metal3Data's namespace.
 type ClaimRef struct {
 	Kind string
 	Name string
@@ -43,7 +52,9 @@ func FormatClaims(refs []ClaimRef) string {
 	return strings.Join(parts, ",")
 }
 
-// ParseClaims reads ClaimsAnnotation.
+// ParseClaims reads ClaimsAnnotation. Names must be object names, so a ref can only address a
+// claim in the Metal3Data's own namespace; duplicates are dropped and at most MaxRecordedClaims
+// are accepted.
 func ParseClaims(value string) ([]ClaimRef, error) {
 	if value == "" {
 		return nil, nil
@@ -52,93 +63,148 @@ func ParseClaims(value string) ([]ClaimRef, error) {
 	for part := range strings.SplitSeq(value, ",") {
 		kind, name, ok := strings.Cut(part, "/")
 		ref := ClaimRef{Kind: kind, Name: name}
-		if _, err := ref.GVK(); !ok || name == "" || err != nil {
+		if _, err := ref.GVK(); !ok || err != nil || len(validation.IsDNS1123Subdomain(name)) > 0 {
 			return nil, fmt.Errorf("annotation %s: %q is not <IPClaim|IPAddressClaim>/<name>", ClaimsAnnotation, part)
+		}
+		if slices.Contains(refs, ref) {
+			continue
+		}
+		if len(refs) == MaxRecordedClaims {
+			return nil, fmt.Errorf("annotation %s: more than %d claims", ClaimsAnnotation, MaxRecordedClaims)
 		}
 		refs = append(refs, ref)
 	}
 	return refs, nil
 }
 
-type patchOp struct {
-	Op    string `json:"op"`
-	Path  string `json:"path"`
-	Value any    `json:"value,omitempty"`
+func annotationPath(key string) string {
+	return "/metadata/annotations/" + jsonpointer.Escape(key)
 }
 
-func jsonPointer(s string) string {
-	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
+// waitingTests make a patch apply only while the claim waits, unowned, for the Metal3Data named
+// dataName and, when token is set, for the admission that token names. A test without a value
+// passes only where the path is absent: nobody has added an owner reference.
+func waitingTests(dataName, token string) []jsonpatch.Operation {
+	ops := []jsonpatch.Operation{
+		jsonpatch.NewOperation("test", annotationPath(PreallocatedForAnnotation), dataName),
+		{Operation: "test", Path: "/metadata/ownerReferences"},
+	}
+	if token != "" {
+		ops = append(ops, jsonpatch.NewOperation("test", annotationPath(AdmissionAnnotation), token))
+	}
+	return ops
 }
 
-// HandOver gives a claim preallocated for data exactly the owner references CAPM3 gives its
-// claims, and drops the PreallocatedForAnnotation, in one patch that reads nothing: a JSON patch
-// test makes it apply only while the claim is still waiting for this Metal3Data, so a claim is
-// never written twice. onlyMarker says the claim's only annotation is ours (known from a cache,
-// or assumed): then the annotations field goes away whole, as on a claim CAPM3 created; when that
-// guess is wrong, the patch is retried removing only our key. It returns false, without error,
-// when the claim was not waiting for data (handed over already, gone, or someone else's).
-func HandOver(ctx context.Context, c client.Writer, data metav1.Object, ref ClaimRef, namespace string, onlyMarker bool) (bool, error) {
+// HandOver gives a claim preallocated for data exactly the owner reference CAPM3 gives its
+// claims, and drops our annotations, in one patch that reads nothing. Its tests make it apply only
+// while the claim still waits for data: with token, for the admission recorded on data, which
+// binds the claim to that very object (a Metal3Data of the same name deleted meanwhile recorded
+// another admission); without, the caller has read data live. annotations are the claim's as last
+// seen, or nil: when they are exactly ours the annotations field goes away whole, as on a claim
+// CAPM3 created, and when that guess is wrong the patch is retried removing only our keys. It
+// returns false, without error, when the claim was not waiting (handed over already, gone,
+// reclaimed or someone else's); any other rejection is an error.
+func HandOver(ctx context.Context, c client.Writer, data metav1.Object, ref ClaimRef, token string, annotations map[string]string) (bool, error) {
 	gvk, err := ref.GVK()
 	if err != nil {
 		return false, err
 	}
-	owners := []metav1.OwnerReference{OwnerReference(data)}
-	marker := "/metadata/annotations/" + jsonPointer(PreallocatedForAnnotation)
-	forms := [][]patchOp{{
-		{Op: "test", Path: marker, Value: data.GetName()},
-		{Op: "remove", Path: marker},
-		{Op: "add", Path: "/metadata/ownerReferences", Value: owners},
-	}}
-	if onlyMarker {
-		forms = slices.Insert(forms, 0, []patchOp{
-			{Op: "test", Path: "/metadata/annotations", Value: map[string]string{PreallocatedForAnnotation: data.GetName()}},
-			{Op: "remove", Path: "/metadata/annotations"},
-			{Op: "add", Path: "/metadata/ownerReferences", Value: owners},
-		})
+	tests := waitingTests(data.GetName(), token)
+	own := jsonpatch.NewOperation("add", "/metadata/ownerReferences", []metav1.OwnerReference{OwnerReference(data)})
+	removeKeys := slices.Concat(tests, []jsonpatch.Operation{
+		jsonpatch.NewOperation("remove", annotationPath(PreallocatedForAnnotation), nil),
+	})
+	if token != "" {
+		removeKeys = append(removeKeys, jsonpatch.NewOperation("remove", annotationPath(AdmissionAnnotation), nil))
+	}
+	forms := [][]jsonpatch.Operation{append(removeKeys, own)}
+	if onlyOurs(annotations) {
+		forms = slices.Insert(forms, 0, slices.Concat(tests, []jsonpatch.Operation{
+			jsonpatch.NewOperation("test", "/metadata/annotations", annotations),
+			jsonpatch.NewOperation("remove", "/metadata/annotations", nil),
+			own,
+		}))
 	}
 	for _, ops := range forms {
-		err = patch(ctx, c, gvk, namespace, ref.Name, ops)
+		err = patch(ctx, c, gvk, data.GetNamespace(), ref.Name, ops)
 		if err == nil {
 			return true, nil
 		}
-		if !isTestFailure(err) {
+		if !IsTestFailure(err) {
 			return false, client.IgnoreNotFound(err)
 		}
 	}
 	return false, nil
 }
 
-// Release frees a claim preallocated for a Metal3Data that was never stored: it drops CAPM3's
-// finalizer, only while the claim is still waiting (the JSON patch tests it), and deletes it, so
-// that the IPAM returns the address to its pool. finalizers are the claim's as last seen.
+// onlyOurs tells whether a claim's annotations are exactly the ones admission put there.
+func onlyOurs(annotations map[string]string) bool {
+	if len(annotations) == 0 {
+		return false
+	}
+	return !slices.ContainsFunc(slices.Collect(maps.Keys(annotations)), func(k string) bool {
+		return k != PreallocatedForAnnotation && k != AdmissionAnnotation
+	})
+}
+
+// Release frees a claim preallocated for a Metal3Data that is not stored, so that the IPAM returns
+// its address: claim must come from a live read that found it waiting. It deletes first, only if
+// the claim is unchanged since that read, and then removes CAPM3's finalizer, only while the claim
+// still waits: a hand-over that slips in between leaves a claim being deleted and owned by its
+// Metal3Data, which CAPM3 never uses (it drops such a claim and creates a new one), so no address
+// can be handed out twice. A claim already being deleted only loses the finalizer.
 func Release(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
-	gvk := claim.GroupVersionKind()
-	if i := slices.Index(claim.Finalizers, infrav1.DataFinalizer); i >= 0 {
-		path := fmt.Sprintf("/metadata/finalizers/%d", i)
-		err := patch(ctx, c, gvk, claim.Namespace, claim.Name, []patchOp{
-			{Op: "test", Path: "/metadata/annotations/" + jsonPointer(PreallocatedForAnnotation), Value: claim.Annotations[PreallocatedForAnnotation]},
-			{Op: "test", Path: "/metadata/uid", Value: claim.UID},
-			{Op: "test", Path: path, Value: infrav1.DataFinalizer},
-			{Op: "remove", Path: path},
-		})
-		if isTestFailure(err) || apierrors.IsNotFound(err) {
+	if claim.DeletionTimestamp.IsZero() {
+		obj := Metadata(claim.GroupVersionKind())
+		obj.SetNamespace(claim.Namespace)
+		obj.SetName(claim.Name)
+		err := c.Delete(ctx, obj, client.Preconditions{UID: &claim.UID, ResourceVersion: &claim.ResourceVersion})
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			return false, nil
 		}
 		if err != nil {
 			return false, err
 		}
 	}
-	obj := Metadata(gvk)
-	obj.SetNamespace(claim.Namespace)
-	obj.SetName(claim.Name)
-	err := c.Delete(ctx, obj, client.Preconditions{UID: &claim.UID})
-	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+	return Finish(ctx, c, claim)
+}
+
+// Finish removes CAPM3's finalizer from a waiting claim that is being deleted, as CAPM3 does for
+// its own claims: nobody else would, and the claim, its address and its namespace would hang.
+func Finish(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
+	i := slices.Index(claim.Finalizers, infrav1.DataFinalizer)
+	if i < 0 {
+		return true, nil
+	}
+	path := fmt.Sprintf("/metadata/finalizers/%d", i)
+	ops := slices.Concat(waitingTests(claim.Annotations[PreallocatedForAnnotation], claim.Annotations[AdmissionAnnotation]),
+		[]jsonpatch.Operation{
+			jsonpatch.NewOperation("test", "/metadata/uid", claim.UID),
+			jsonpatch.NewOperation("test", path, infrav1.DataFinalizer),
+			jsonpatch.NewOperation("remove", path, nil),
+		})
+	err := patch(ctx, c, claim.GroupVersionKind(), claim.Namespace, claim.Name, ops)
+	if IsTestFailure(err) || apierrors.IsNotFound(err) {
 		return false, nil
 	}
 	return err == nil, err
 }
 
-func patch(ctx context.Context, c client.Writer, gvk schema.GroupVersionKind, namespace, name string, ops []patchOp) error {
+// Reclaim marks a waiting claim as claimed by a new admission, token, while it is unchanged since
+// it was read (resourceVersion), so that the release grace period starts again and the hand-over
+// is bound to the new admission.
+func Reclaim(ctx context.Context, c client.Writer, claim client.Object, token string) error {
+	key := annotationPath(AdmissionAnnotation)
+	ops := []jsonpatch.Operation{
+		jsonpatch.NewOperation("test", "/metadata/resourceVersion", claim.GetResourceVersion()),
+		jsonpatch.NewOperation("test", annotationPath(PreallocatedForAnnotation), claim.GetAnnotations()[PreallocatedForAnnotation]),
+		{Operation: "test", Path: "/metadata/ownerReferences"},
+		jsonpatch.NewOperation("add", key, token),
+	}
+	return patch(ctx, c, claim.GetObjectKind().GroupVersionKind(), claim.GetNamespace(), claim.GetName(), ops)
+}
+
+func patch(ctx context.Context, c client.Writer, gvk schema.GroupVersionKind, namespace, name string, ops []jsonpatch.Operation) error {
 	body, err := json.Marshal(ops)
 	if err != nil {
 		return err
@@ -149,8 +215,17 @@ func patch(ctx context.Context, c client.Writer, gvk schema.GroupVersionKind, na
 	return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, body))
 }
 
-// isTestFailure tells a failed JSON patch test, or a path the patch expected that is not there,
-// from other errors: the API server answers them with 422 Invalid.
-func isTestFailure(err error) bool {
-	return apierrors.IsInvalid(err)
+// IsTestFailure tells a JSON patch whose test failed, or whose path is missing, from every other
+// rejection: the API server answers both with 422 Invalid and no causes, while a patched object
+// that fails validation or admission comes back with its field causes or another code.
+func IsTestFailure(err error) bool {
+	if !apierrors.IsInvalid(err) {
+		return false
+	}
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return false
+	}
+	details := status.Status().Details
+	return details == nil || len(details.Causes) == 0
 }

@@ -2,6 +2,7 @@ package allocation
 
 import (
 	"maps"
+	"strconv"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
@@ -23,6 +24,10 @@ const (
 	// its value is the name of the Metal3Data it was created for. It is an annotation, not a label,
 	// because the Metal3 IPAM copies a claim's labels onto its IPAddress.
 	PreallocatedForAnnotation = "ip-preallocator.metal3.io/preallocated-for"
+	// AdmissionAnnotation carries the UID of the admission request that last claimed a waiting
+	// claim, on the claim and in the record on the Metal3Data: it binds the hand-over to the object
+	// that admission produced, and its change restarts the release grace period.
+	AdmissionAnnotation = "ip-preallocator.metal3.io/admission"
 	// ClaimsAnnotation on a Metal3Data lists the claims preallocated for it, as kind/name pairs
 	// separated by commas.
 	ClaimsAnnotation = "ip-preallocator.metal3.io/claims"
@@ -61,9 +66,9 @@ func (c Claim) GVK() schema.GroupVersionKind {
 
 // Preallocated is the claim as the webhook creates it before the Metal3Data exists: no owner
 // reference, since the Metal3Data has no UID yet and an owner that is not stored makes the
-// garbage collector delete the claim, and the PreallocatedForAnnotation instead. The finalizer
-// keeps the claim until it is handed over or released.
-func (c Claim) Preallocated() client.Object {
+// garbage collector delete the claim, and the PreallocatedForAnnotation and AdmissionAnnotation
+// (token) instead. The finalizer keeps the claim until it is handed over or released.
+func (c Claim) Preallocated(token string) client.Object {
 	obj, _ := c.Object.DeepCopyObject().(client.Object)
 	obj.SetOwnerReferences(nil)
 	ann := maps.Clone(obj.GetAnnotations())
@@ -71,6 +76,7 @@ func (c Claim) Preallocated() client.Object {
 		ann = map[string]string{}
 	}
 	ann[PreallocatedForAnnotation] = c.Object.GetOwnerReferences()[0].Name
+	ann[AdmissionAnnotation] = token
 	obj.SetAnnotations(ann)
 	return obj
 }
@@ -86,6 +92,17 @@ func OwnerReference(data metav1.Object) metav1.OwnerReference {
 	}
 }
 
+// DataName is the name CAPM3 gives the Metal3Data of a template's machine with index.
+func DataName(template string, index int) string {
+	return template + "-" + strconv.Itoa(index)
+}
+
+// ClaimName is the name CAPM3 gives the claim of pool for owner: the Metal3Data, or for Metal3
+// pools in BMH-name mode the BareMetalHost.
+func ClaimName(owner, pool string) string {
+	return owner + "-" + pool
+}
+
 // Plan returns, for each pool, the claim CAPM3 v1.13.2 would create for data: its kind, name
 // (<metal3data>-<pool>, or <bmh>-<pool> for Metal3 pools in BMH-name mode, as with CAPM3's
 // --enable-bmh-name-based-preallocation), namespace, labels, finalizer, owner reference and spec.
@@ -93,7 +110,7 @@ func Plan(data *infrav1.Metal3Data, pools []PoolRef, bmhName string, bmhNameBase
 	claims := make([]Claim, 0, len(pools))
 	for _, pool := range pools {
 		meta := metav1.ObjectMeta{
-			Name:            data.Name + "-" + pool.Name,
+			Name:            ClaimName(data.Name, pool.Name),
 			Namespace:       data.Namespace,
 			Labels:          maps.Clone(data.Labels),
 			Finalizers:      []string{infrav1.DataFinalizer},
@@ -118,10 +135,10 @@ func Plan(data *infrav1.Metal3Data, pools []PoolRef, bmhName string, bmhNameBase
 		}
 		lookup := []string{meta.Name}
 		if bmhName != data.Name {
-			lookup = append(lookup, bmhName+"-"+pool.Name)
+			lookup = append(lookup, ClaimName(bmhName, pool.Name))
 		}
 		if bmhNameBased {
-			meta.Name = bmhName + "-" + pool.Name
+			meta.Name = ClaimName(bmhName, pool.Name)
 			if meta.Labels == nil {
 				meta.Labels = map[string]string{}
 			}

@@ -88,11 +88,11 @@ func TestPreallocated(t *testing.T) {
 	data := testData()
 	data.UID = ""
 	claim := Plan(data, []PoolRef{metal3("m3")}, "host", false)[0]
-	got := claim.Preallocated()
+	got := claim.Preallocated("admission-uid")
 	if len(got.GetOwnerReferences()) != 0 {
 		t.Errorf("owner references: %v", got.GetOwnerReferences())
 	}
-	if got.GetAnnotations()[PreallocatedForAnnotation] != "tmpl-0" {
+	if got.GetAnnotations()[PreallocatedForAnnotation] != "tmpl-0" || got.GetAnnotations()[AdmissionAnnotation] != "admission-uid" {
 		t.Errorf("annotations: %v", got.GetAnnotations())
 	}
 	if len(claim.Object.GetOwnerReferences()) != 1 || claim.Object.GetAnnotations() != nil {

@@ -5,6 +5,7 @@ package handover
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -59,22 +61,24 @@ func init() {
 // Metal3DataGVK is the version the controllers watch Metal3Data in.
 var Metal3DataGVK = infrav1.GroupVersion.WithKind("Metal3Data")
 
-// HandOver hands the claims listed in a new Metal3Data's allocation.ClaimsAnnotation over to it.
-// It reacts to the create event of the Metal3Data from its own metadata cache and patches all
-// claims at once, without reading from the API server: CAPM3's first reconcile races it.
+// HandOver hands the claims a replica preallocated over to their Metal3Data as soon as it is
+// stored. It runs on every replica, without the lease, and acts only on the Metal3Data this
+// replica admitted: it reacts to the create event from its own metadata cache and patches all
+// claims at once, without reading from the API server, since CAPM3's first reconcile races it.
+// Release (on the leader) takes over what a replica that died could not finish.
 type HandOver struct {
-	Client   client.Client
-	Recorder events.EventRecorder
+	Client     client.Client
+	Recorder   events.EventRecorder
+	Admissions *Admissions
 }
 
-// SetupWithManager registers the controller; it runs under leader election.
+// SetupWithManager registers the controller on every replica.
 func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
-	preallocated := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		_, ok := o.GetAnnotations()[allocation.ClaimsAnnotation]
-		return ok
+	admittedHere := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return h.Admissions.Has(client.ObjectKeyFromObject(o), o.GetAnnotations()[allocation.AdmissionAnnotation])
 	})
-	// Only the create event matters; it also replays every Metal3Data after a restart or a
-	// leader change, which finds already handed-over claims in the cache and writes nothing.
+	// Only the create event matters; after a restart this replica remembers no admission, so the
+	// replay of every Metal3Data writes nothing.
 	createOnly := predicate.Funcs{
 		UpdateFunc:  func(event.UpdateEvent) bool { return false },
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
@@ -82,8 +86,8 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-handover").
-		For(allocation.Metadata(Metal3DataGVK), builder.WithPredicates(preallocated, createOnly)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
+		For(allocation.Metadata(Metal3DataGVK), builder.WithPredicates(admittedHere, createOnly)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(false)}).
 		Complete(h)
 }
 
@@ -93,27 +97,30 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 	if err := h.Client.Get(ctx, req.NamespacedName, data); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if !data.DeletionTimestamp.IsZero() {
+	token := data.Annotations[allocation.AdmissionAnnotation]
+	if !data.DeletionTimestamp.IsZero() || !h.Admissions.Has(req.NamespacedName, token) {
 		return ctrl.Result{}, nil
 	}
 	refs, err := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
 	if err != nil {
 		log.FromContext(ctx).Error(err, "Ignoring unreadable preallocation record")
+		h.Admissions.Done(req.NamespacedName, token)
 		return ctrl.Result{}, nil
 	}
 	start := time.Now()
-	handed, err := handOverAll(ctx, h.Client, data, refs, "create")
+	err = handOverAll(ctx, h.Client, h.Recorder, data, refs, token, "admission")
 	handOverSeconds.Observe(time.Since(start).Seconds())
-	if len(handed) > 0 {
-		h.Recorder.Eventf(data, nil, corev1.EventTypeNormal, "PreallocatedClaimsHandedOver", "HandOver",
-			"Handed over preallocated claims %s", allocation.FormatClaims(handed))
+	if err == nil {
+		h.Admissions.Done(req.NamespacedName, token)
 	}
 	return ctrl.Result{}, err
 }
 
-// handOverAll patches, concurrently, every listed claim that the cache does not show as handed
-// over already.
-func handOverAll(ctx context.Context, c client.Client, data metav1.Object, refs []allocation.ClaimRef, path string) ([]allocation.ClaimRef, error) {
+// handOverAll patches, concurrently, every listed claim that the cache does not show as owned by
+// data already, waits for every patch, and records an Event on data. The patches' tests decide
+// what is still waiting: a stale cache can cost a request, never a hand-over.
+func handOverAll(ctx context.Context, c client.Client, recorder events.EventRecorder, data *metav1.PartialObjectMetadata,
+	refs []allocation.ClaimRef, token, path string) error {
 	logger := log.FromContext(ctx)
 	var (
 		mu      sync.Mutex
@@ -127,36 +134,49 @@ func handOverAll(ctx context.Context, c client.Client, data metav1.Object, refs 
 			continue
 		}
 		cached := allocation.Metadata(gvk)
-		onlyMarker := true
-		switch err := c.Get(ctx, types.NamespacedName{Namespace: data.GetNamespace(), Name: ref.Name}, cached); {
-		case err == nil:
-			if !allocation.IsPreallocatedFor(cached, data.GetName()) {
-				continue
-			}
-			onlyMarker = len(cached.Annotations) == 1
-		case !apierrors.IsNotFound(err):
-			return nil, err
-		}
-		// A claim the cache has not seen yet is patched blind: the patch's test decides.
-		pending.Go(func() {
-			logger.V(2).Info("Handing preallocated claim over", ref.Kind, klog.KRef(data.GetNamespace(), ref.Name))
-			ok, err := allocation.HandOver(ctx, c, data, ref, data.GetNamespace(), onlyMarker)
+		switch err := c.Get(ctx, types.NamespacedName{Namespace: data.Namespace, Name: ref.Name}, cached); {
+		case err == nil && slices.ContainsFunc(cached.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == data.UID }):
+			continue
+		case err != nil && !apierrors.IsNotFound(err):
 			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", ref, err))
-				return
-			}
-			if ok {
-				handOversTotal.WithLabelValues(ref.Kind, path).Inc()
-				handed = append(handed, ref)
-			}
+			errs = append(errs, fmt.Errorf("%s: %w", ref, err))
+			mu.Unlock()
+			continue
+		}
+		pending.Go(func() {
+			var (
+				ok  bool
+				err error
+			)
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panic: %v", r)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err != nil:
+					errs = append(errs, fmt.Errorf("%s: %w", ref, err))
+				case ok:
+					handOversTotal.WithLabelValues(ref.Kind, path).Inc()
+					handed = append(handed, ref)
+				}
+			}()
+			logger.V(2).Info("Handing preallocated claim over", ref.Kind, klog.KRef(data.Namespace, ref.Name))
+			ok, err = allocation.HandOver(ctx, c, data, ref, token, cached.Annotations)
 		})
 	}
 	pending.Wait()
 	slices.SortFunc(handed, func(a, b allocation.ClaimRef) int { return strings.Compare(a.String(), b.String()) })
-	if len(errs) > 0 {
-		return handed, fmt.Errorf("handing over claims of Metal3Data %s: %v", klog.KObj(data), errs)
+	if len(handed) > 0 {
+		recorder.Eventf(data, nil, corev1.EventTypeNormal, "PreallocatedClaimsHandedOver", "HandOver",
+			"Handed over preallocated claims %s", allocation.FormatClaims(handed))
 	}
-	return handed, nil
+	if len(errs) > 0 {
+		err := errors.Join(errs...)
+		recorder.Eventf(data, nil, corev1.EventTypeWarning, "PreallocatedClaimsHandOverFailed", "HandOver",
+			"Handing over preallocated claims failed, retrying: %v", err)
+		return fmt.Errorf("handing over claims of Metal3Data %s: %w", klog.KObj(data), err)
+	}
+	return nil
 }

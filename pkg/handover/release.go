@@ -3,8 +3,11 @@ package handover
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -13,77 +16,223 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
-
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
-// Release watches claims still waiting for their Metal3Data. When the Metal3Data is stored it
-// hands them over (when admission's response was lost, the Metal3Data carries no record); when it
-// is not stored within GracePeriod of the claim's creation it releases them.
+// waitingForIndex indexes claims that wait for a Metal3Data by its name.
+const waitingForIndex = "ip-preallocator.metal3.io/waiting-for"
+
+// Release finishes every claim still waiting for its Metal3Data, on the leader:
+//   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
+//   - its Metal3Data is stored but carries no record of it (the admission response was lost, or a
+//     later admission of the same name reclaimed it): handed over at once;
+//   - its Metal3Data records it but the admitting replica did not hand it over within
+//     HandOverDelay (it died): handed over;
+//   - its Metal3Data is not stored GracePeriod after the last admission claimed it: released.
+//
+// Time is measured on this replica's clock from when it first saw the claim's current admission,
+// so clock skew between replicas and the API server cannot shorten a grace period.
 type Release struct {
-	Client      client.Client
-	Recorder    events.EventRecorder
-	GracePeriod time.Duration
+	Client client.Client
+	// APIReader confirms, live, that a Metal3Data is not stored before its claim is released,
+	// and reads the Metal3Data a claim is handed over to without a record.
+	APIReader     client.Reader
+	Recorder      events.EventRecorder
+	GracePeriod   time.Duration
+	HandOverDelay time.Duration
 	// ClaimGVK is the claim kind this instance watches.
 	ClaimGVK schema.GroupVersionKind
+
+	mu   sync.Mutex
+	seen map[types.NamespacedName]sighting
+}
+
+type sighting struct {
+	uid   types.UID
+	token string
+	at    time.Time
+}
+
+// waitingFor returns the Metal3Data a claim waits for, if it waits.
+func waitingFor(o metav1.Object) (string, bool) {
+	name, ok := o.GetAnnotations()[allocation.PreallocatedForAnnotation]
+	return name, ok && len(o.GetOwnerReferences()) == 0
+}
+
+func waitingForValue(o client.Object) []string {
+	if name, ok := waitingFor(o); ok {
+		return []string{name}
+	}
+	return nil
 }
 
 // SetupWithManager registers the controller; it runs under leader election.
-func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+func (r *Release) SetupWithManager(ctx context.Context, mgr ctrl.Manager, concurrency int) error {
+	claim := allocation.Metadata(r.ClaimGVK)
+	if err := mgr.GetFieldIndexer().IndexField(ctx, claim, waitingForIndex, waitingForValue); err != nil {
+		return err
+	}
 	waiting := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		_, ok := o.GetAnnotations()[allocation.PreallocatedForAnnotation]
-		return ok && len(o.GetOwnerReferences()) == 0
+		_, ok := waitingFor(o)
+		return ok
 	})
+	created := predicate.Funcs{
+		UpdateFunc:  func(event.UpdateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-release-"+r.ClaimGVK.Kind).
-		For(allocation.Metadata(r.ClaimGVK), builder.WithPredicates(waiting)).
+		For(claim, builder.WithPredicates(waiting)).
+		// A stored Metal3Data is what a waiting claim waits for: look at its claims at once.
+		Watches(allocation.Metadata(Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
+			builder.WithPredicates(created)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
+}
+
+func (r *Release) claimsWaitingFor(ctx context.Context, data client.Object) []reconcile.Request {
+	claims := &metav1.PartialObjectMetadataList{}
+	claims.SetGroupVersionKind(r.ClaimGVK.GroupVersion().WithKind(r.ClaimGVK.Kind + "List"))
+	if err := r.Client.List(ctx, claims, client.InNamespace(data.GetNamespace()), client.MatchingFields{waitingForIndex: data.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "Cannot list claims waiting for Metal3Data", "Metal3Data", klog.KObj(data))
+		return nil
+	}
+	reqs := make([]reconcile.Request, len(claims.Items))
+	for i := range claims.Items {
+		reqs[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&claims.Items[i])}
+	}
+	return reqs
+}
+
+// age is how long this replica has seen the claim claimed by its current admission.
+func (r *Release) age(key types.NamespacedName, claim *metav1.PartialObjectMetadata) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	if r.seen == nil {
+		r.seen = map[types.NamespacedName]sighting{}
+	}
+	token := claim.Annotations[allocation.AdmissionAnnotation]
+	s, ok := r.seen[key]
+	if !ok || s.uid != claim.UID || s.token != token {
+		s = sighting{uid: claim.UID, token: token, at: now}
+		r.seen[key] = s
+	}
+	return now.Sub(s.at)
+}
+
+func (r *Release) forget(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.seen, key)
 }
 
 // Reconcile implements reconcile.Reconciler.
 func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	claim := allocation.Metadata(r.ClaimGVK)
 	if err := r.Client.Get(ctx, req.NamespacedName, claim); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	dataName, ok := claim.Annotations[allocation.PreallocatedForAnnotation]
-	if !ok || len(claim.OwnerReferences) > 0 || !claim.DeletionTimestamp.IsZero() {
+	dataName, ok := waitingFor(claim)
+	if !ok {
+		r.forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
 	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(claim.Namespace, dataName))
+	ctx = log.IntoContext(ctx, logger)
+	if !claim.DeletionTimestamp.IsZero() {
+		logger.Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
+		_, err := allocation.Finish(ctx, r.Client, claim)
+		return ctrl.Result{}, err
+	}
+	age := r.age(req.NamespacedName, claim)
 
 	data := allocation.Metadata(Metal3DataGVK)
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
-	ref := allocation.ClaimRef{Kind: r.ClaimGVK.Kind, Name: claim.Name}
 	if err == nil && data.DeletionTimestamp.IsZero() {
-		if recorded, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation]); slices.Contains(recorded, ref) {
-			// The hand-over controller reacts to the Metal3Data's create event for recorded
-			// claims; another patch attempt here would only race it.
-			return ctrl.Result{}, nil
+		if !r.recordedOn(data, claim) {
+			return ctrl.Result{}, r.handOverUnrecorded(ctx, claim, dataName)
 		}
-		handed, err := handOverAll(ctx, r.Client, data, []allocation.ClaimRef{ref}, "resync")
-		if len(handed) > 0 {
-			r.Recorder.Eventf(data, nil, "Normal", "PreallocatedClaimsHandedOver", "HandOver",
-				"Handed over preallocated claims %s", allocation.FormatClaims(handed))
+		if wait := r.HandOverDelay - age; wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, nil
 		}
-		return ctrl.Result{}, err
+		logger.Info("Handing over a claim its admitting replica did not", r.ClaimGVK.Kind, klog.KObj(claim))
+		return ctrl.Result{}, handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
+			claim.Annotations[allocation.AdmissionAnnotation], "resync")
 	}
 
-	if wait := time.Until(claim.CreationTimestamp.Add(r.GracePeriod)); wait > 0 {
+	if wait := r.GracePeriod - age; wait > 0 {
 		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	return ctrl.Result{}, r.release(ctx, req.NamespacedName, dataName)
+}
+
+func (r *Release) ref(claim *metav1.PartialObjectMetadata) allocation.ClaimRef {
+	return allocation.ClaimRef{Kind: r.ClaimGVK.Kind, Name: claim.Name}
+}
+
+// recordedOn tells whether data's record names the claim, from the admission that claimed it.
+func (r *Release) recordedOn(data, claim *metav1.PartialObjectMetadata) bool {
+	token := claim.Annotations[allocation.AdmissionAnnotation]
+	if token == "" || data.Annotations[allocation.AdmissionAnnotation] != token {
+		return false
+	}
+	recorded, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
+	return slices.Contains(recorded, r.ref(claim))
+}
+
+// handOverUnrecorded hands a claim over to the Metal3Data read live, so that the owner reference
+// carries the UID of the object that exists now.
+func (r *Release) handOverUnrecorded(ctx context.Context, claim *metav1.PartialObjectMetadata, dataName string) error {
+	data := allocation.Metadata(Metal3DataGVK)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
+	if apierrors.IsNotFound(err) || err == nil && !data.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	log.FromContext(ctx).Info("Handing over a claim its Metal3Data does not record", r.ClaimGVK.Kind, klog.KObj(claim))
+	return handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
+		claim.Annotations[allocation.AdmissionAnnotation], "resync")
+}
+
+// release frees a claim once live reads show it still waiting and its Metal3Data not stored.
+func (r *Release) release(ctx context.Context, key types.NamespacedName, dataName string) error {
+	logger := log.FromContext(ctx)
+	data := allocation.Metadata(Metal3DataGVK)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: dataName}, data)
+	switch {
+	case err == nil && data.DeletionTimestamp.IsZero():
+		// The cache is behind: the Metal3Data's create event brings the claim back.
+		return nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return err
+	}
+	claim := allocation.Metadata(r.ClaimGVK)
+	if err := r.APIReader.Get(ctx, key, claim); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if name, ok := waitingFor(claim); !ok || name != dataName {
+		return nil
 	}
 	logger.Info("Releasing a claim preallocated for a Metal3Data that was never stored", r.ClaimGVK.Kind, klog.KObj(claim))
 	released, err := allocation.Release(ctx, r.Client, claim)
 	if released {
 		releasesTotal.WithLabelValues(r.ClaimGVK.Kind).Inc()
 	}
-	return ctrl.Result{}, err
+	return err
 }

@@ -5,20 +5,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/go-openapi/jsonpointer"
 	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -48,6 +51,8 @@ const (
 	ReasonObjectMissing     = "ObjectMissing"
 	ReasonInvalidReferences = "InvalidPoolReferences"
 	ReasonReadFailed        = "ReadFailed"
+	ReasonRequester         = "RequesterNotAllowed"
+	ReasonRecordTooLarge    = "RecordTooLarge"
 )
 
 // +kubebuilder:webhook:path=/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups=infrastructure.cluster.x-k8s.io,resources=metal3datas,verbs=create,versions=v1beta2,name=preallocate.metal3data.ip-preallocator.metal3.io,matchPolicy=Equivalent,reinvocationPolicy=Never,timeoutSeconds=5,admissionReviewVersions=v1
@@ -73,8 +78,14 @@ type Preallocator struct {
 	Decoder   admission.Decoder
 	// BMHNameBased mirrors CAPM3's --enable-bmh-name-based-preallocation.
 	BMHNameBased bool
-	// Timeout bounds the claim creation; keep it below the webhook's timeoutSeconds.
+	// Timeout bounds one admission, from the request's start; the API server's own timeout for
+	// the call, when shorter, bounds it too.
 	Timeout time.Duration
+	// Requesters, when not empty, limits preallocation to Metal3Data created by these users (the
+	// service account CAPM3 runs as): nobody else can make the webhook reserve addresses.
+	Requesters []string
+	// OnPreallocated is told of every admission that recorded claims on its Metal3Data.
+	OnPreallocated func(key types.NamespacedName, token string)
 }
 
 var _ admission.Handler = &Preallocator{}
@@ -96,6 +107,8 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	if req.Operation != admissionv1.Create {
 		return admission.Allowed("")
 	}
+	ctx, cancel := context.WithDeadline(ctx, deadline(ctx, p.Timeout))
+	defer cancel()
 	data := &infrav1.Metal3Data{}
 	if err := p.Decoder.Decode(req, data); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding Metal3Data: %w", err))
@@ -109,6 +122,9 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	if req.DryRun != nil && *req.DryRun {
 		return p.skipped(ctx, skipf(ReasonDryRun, "dry-run request"))
 	}
+	if len(p.Requesters) > 0 && !slices.Contains(p.Requesters, req.UserInfo.Username) {
+		return p.skipped(ctx, skipf(ReasonRequester, "created by %q, not by a requester preallocation serves", req.UserInfo.Username))
+	}
 	claims, err := p.plan(ctx, data)
 	if err != nil {
 		var s *skip
@@ -117,14 +133,49 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 		}
 		return p.skipped(ctx, s)
 	}
+	token := string(req.UID)
+	if err := recordFits(data.Annotations, claims, token); err != nil {
+		return p.skipped(ctx, skipf(ReasonRecordTooLarge, "%v", err))
+	}
 
 	logger.V(2).Info("Creating IP claims ahead of CAPM3", "count", len(claims))
-	createCtx, cancel := context.WithTimeout(ctx, p.Timeout)
 	start := time.Now()
-	results := p.Creator.Create(createCtx, data.Name, claims)
-	cancel()
+	results := p.Creator.Create(ctx, data.Name, token, claims)
 	claimCreationSeconds.Observe(time.Since(start).Seconds())
-	return p.respond(ctx, data, results)
+	return p.respond(ctx, data, token, results)
+}
+
+// deadline is when this admission must be answered: the API server tells, in the timeout query
+// parameter of the call, how long it waits from the moment it called; a margin leaves time for the
+// answer to travel. timeout bounds it further.
+func deadline(ctx context.Context, timeout time.Duration) time.Time {
+	start, apiTimeout := requestTiming(ctx)
+	end := start.Add(timeout)
+	if apiTimeout > 0 {
+		if apiEnd := start.Add(apiTimeout * 4 / 5); apiEnd.Before(end) {
+			end = apiEnd
+		}
+	}
+	return end
+}
+
+// recordFits checks that the record of every planned claim can be added to the Metal3Data
+// without making its annotations too large to store.
+func recordFits(existing map[string]string, claims []allocation.Claim, token string) error {
+	refs := make([]allocation.ClaimRef, len(claims))
+	for i, c := range claims {
+		refs[i] = allocation.ClaimRef{Kind: c.Kind(), Name: c.Object.GetName()}
+	}
+	annotations := maps.Clone(existing)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[allocation.ClaimsAnnotation] = allocation.FormatClaims(refs)
+	annotations[allocation.AdmissionAnnotation] = token
+	if errs := apivalidation.ValidateAnnotations(annotations, field.NewPath("metadata", "annotations")); len(errs) > 0 {
+		return errs.ToAggregate()
+	}
+	return nil
 }
 
 func (p *Preallocator) skipped(ctx context.Context, s *skip) admission.Response {
@@ -137,7 +188,7 @@ func (p *Preallocator) skipped(ctx context.Context, s *skip) admission.Response 
 	return resp
 }
 
-func (p *Preallocator) respond(ctx context.Context, data *infrav1.Metal3Data, results []allocation.Result) admission.Response {
+func (p *Preallocator) respond(ctx context.Context, data *infrav1.Metal3Data, token string, results []allocation.Result) admission.Response {
 	logger := log.FromContext(ctx)
 	var recorded []allocation.ClaimRef
 	var warnings []string
@@ -163,16 +214,23 @@ func (p *Preallocator) respond(ctx context.Context, data *infrav1.Metal3Data, re
 	if len(recorded) == 0 {
 		return admission.Allowed("").WithWarnings(warnings...)
 	}
-	return admission.Patched("", annotationPatch(data.Annotations, allocation.FormatClaims(recorded))).WithWarnings(warnings...)
+	if p.OnPreallocated != nil {
+		p.OnPreallocated(types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token)
+	}
+	record := map[string]string{allocation.ClaimsAnnotation: allocation.FormatClaims(recorded), allocation.AdmissionAnnotation: token}
+	return admission.Patched("", recordPatch(data.Annotations, record)...).WithWarnings(warnings...)
 }
 
-// annotationPatch records the preallocated claims without touching anything else of the object.
-func annotationPatch(existing map[string]string, value string) jsonpatch.JsonPatchOperation {
+// recordPatch adds the record without touching anything else of the object.
+func recordPatch(existing, record map[string]string) []jsonpatch.JsonPatchOperation {
 	if existing == nil {
-		return jsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{allocation.ClaimsAnnotation: value})
+		return []jsonpatch.JsonPatchOperation{jsonpatch.NewOperation("add", "/metadata/annotations", record)}
 	}
-	key := strings.ReplaceAll(strings.ReplaceAll(allocation.ClaimsAnnotation, "~", "~0"), "/", "~1")
-	return jsonpatch.NewOperation("add", "/metadata/annotations/"+key, value)
+	var ops []jsonpatch.JsonPatchOperation
+	for _, key := range slices.Sorted(maps.Keys(record)) {
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+jsonpointer.Escape(key), record[key]))
+	}
+	return ops
 }
 
 // plan mirrors the checks CAPM3's Metal3Data reconciler makes before it creates claims, reading

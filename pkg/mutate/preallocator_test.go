@@ -2,8 +2,12 @@ package mutate
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -11,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -29,8 +34,13 @@ func TestSkips(t *testing.T) {
 		mutate      func(m *fixtures.Machine)
 		without     func(m *fixtures.Machine) client.Object
 		dryRun      bool
+		requesters  []string
 		wantWarning string
 	}{
+		{name: "requester not served", reason: ReasonRequester, requesters: []string{"system:serviceaccount:capm3-system:capm3-manager"}},
+		{name: "record would not fit the annotations", reason: ReasonRecordTooLarge, mutate: func(m *fixtures.Machine) {
+			m.Data.Annotations = map[string]string{"big": strings.Repeat("x", 256*1024-10)}
+		}},
 		{name: "dry run", reason: ReasonDryRun, dryRun: true},
 		{name: "moved Metal3Data with metaData", reason: ReasonAlreadyRendered, mutate: func(m *fixtures.Machine) {
 			m.Data.Spec.MetaData = &corev1.SecretReference{Name: "m3m-3-metadata"}
@@ -110,8 +120,10 @@ func TestSkips(t *testing.T) {
 			}})
 			skipped := admissionsTotal.WithLabelValues("skipped", tc.reason)
 			before := testutil.ToFloat64(skipped)
+			p := newPreallocator(c, false)
+			p.Requesters = tc.requesters
 
-			resp := newPreallocator(c, false).Handle(context.Background(), fixtures.CreateRequest(t, m.Data, tc.dryRun))
+			resp := p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, tc.dryRun))
 
 			if !resp.Allowed || len(resp.Patches) != 0 {
 				t.Fatalf("allowed=%v patches=%v result=%v", resp.Allowed, resp.Patches, resp.Result)
@@ -166,6 +178,14 @@ func TestPreallocates(t *testing.T) {
 				}
 				if !strings.Contains(got.Annotations[allocation.ClaimsAnnotation], kind+"/"+want) {
 					t.Errorf("annotation %q lacks %s/%s", got.Annotations[allocation.ClaimsAnnotation], kind, want)
+				}
+			}
+			if got.Annotations[allocation.AdmissionAnnotation] != string(req.UID) {
+				t.Errorf("record carries admission %q, want %q", got.Annotations[allocation.AdmissionAnnotation], req.UID)
+			}
+			for name, claim := range fixtures.Claims(t, c) {
+				if claim.GetAnnotations()[allocation.AdmissionAnnotation] != string(req.UID) {
+					t.Errorf("claim %s carries admission %q", name, claim.GetAnnotations()[allocation.AdmissionAnnotation])
 				}
 			}
 			if tc.annotated && got.Annotations["keep"] != "me" {
@@ -248,5 +268,42 @@ func TestCacheMissFallsBackToLiveRead(t *testing.T) {
 	}
 	if len(fixtures.Claims(t, cache)) != len(fixtures.AllPools) {
 		t.Fatal("claims missing")
+	}
+}
+
+// TestDeadlineFromRequestStart: the API server's timeout, counted from when its call arrived,
+// bounds the whole admission; the claim that could not be created in time is left to CAPM3.
+func TestDeadlineFromRequestStart(t *testing.T) {
+	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
+	c := fixtures.NewClient(m.Objects(), &interceptor.Funcs{Create: func(ctx context.Context, _ client.WithWatch, _ client.Object, _ ...client.CreateOption) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}})
+	p := newPreallocator(c, false)
+	p.Timeout = time.Minute
+	call := httptest.NewRequest(http.MethodPost, "/mutate?timeout=1s", nil)
+	ctx := WithRequestTiming(context.Background(), call)
+	time.Sleep(300 * time.Millisecond) // time spent before the handler runs counts too
+
+	start := time.Now()
+	resp := p.Handle(ctx, fixtures.CreateRequest(t, m.Data, false))
+	if elapsed := time.Since(start); elapsed > 700*time.Millisecond {
+		t.Errorf("admission took %v after 300ms of a 1s budget", elapsed)
+	}
+	if !resp.Allowed || len(resp.Patches) != 0 || len(resp.Warnings) == 0 {
+		t.Errorf("allowed=%v patches=%v warnings=%v", resp.Allowed, resp.Patches, resp.Warnings)
+	}
+}
+
+// TestOnPreallocated: the replica learns of each admission that recorded claims, with its token.
+func TestOnPreallocated(t *testing.T) {
+	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
+	p := newPreallocator(fixtures.NewClient(m.Objects(), nil), false)
+	var got []string
+	p.OnPreallocated = func(key types.NamespacedName, token string) { got = append(got, key.String()+" "+token) }
+	p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
+	p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, true))
+	if want := []string{fixtures.Namespace + "/" + m.Data.Name + " request-uid"}; !slices.Equal(got, want) {
+		t.Errorf("OnPreallocated calls %v, want %v", got, want)
 	}
 }

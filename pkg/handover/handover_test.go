@@ -1,0 +1,224 @@
+package handover
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+)
+
+var dataKey = types.NamespacedName{Namespace: "ns", Name: "tmpl-0"}
+
+func metal3Data(token, record string) *infrav1.Metal3Data {
+	d := &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "tmpl-0", UID: "data-uid"}}
+	if token != "" {
+		d.Annotations = map[string]string{allocation.AdmissionAnnotation: token, allocation.ClaimsAnnotation: record}
+	}
+	return d
+}
+
+func claim(name, token string) *ipamv1.IPClaim {
+	return &ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{
+		Name: name, Namespace: "ns", UID: types.UID(name + "-uid"),
+		Annotations: map[string]string{allocation.PreallocatedForAnnotation: "tmpl-0", allocation.AdmissionAnnotation: token},
+		Finalizers:  []string{infrav1.DataFinalizer},
+	}}
+}
+
+func newClient(funcs interceptor.Funcs, objs ...client.Object) client.WithWatch {
+	return fake.NewClientBuilder().WithScheme(fixtures.Scheme()).WithObjects(objs...).
+		WithIndex(allocation.Metadata(allocation.IPClaimGVK), waitingForIndex, waitingForValue).
+		WithInterceptorFuncs(fixtures.APIServerPatchErrors(funcs)).Build()
+}
+
+func ownedBy(t *testing.T, c client.Reader, name string) []metav1.OwnerReference {
+	t.Helper()
+	got := &ipamv1.IPClaim{}
+	if err := c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, got); err != nil {
+		t.Fatal(err)
+	}
+	return got.OwnerReferences
+}
+
+func TestHandOverController(t *testing.T) {
+	failB := interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+		if obj.GetName() == "tmpl-0-b" {
+			return apierrors.NewInternalError(errors.New("etcd is sad"))
+		}
+		return c.Patch(ctx, obj, patch, opts...)
+	}}
+	// A replica whose cache still shows the claim as handed over to nobody and without our
+	// annotation (another replica's write it has not seen): the patch's test decides, not the cache.
+	staleCache := interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if err := c.Get(ctx, key, obj, opts...); err != nil {
+			return err
+		}
+		if key.Name == "tmpl-0-a" {
+			obj.SetAnnotations(nil)
+		}
+		return nil
+	}}
+	for _, tc := range []struct {
+		name       string
+		admittedBy string
+		funcs      interceptor.Funcs
+		wantOwned  []string
+		wantErr    bool
+		wantEvents int
+	}{
+		{name: "admitted here: every claim at once", admittedBy: "t1", wantOwned: []string{"tmpl-0-a", "tmpl-0-b"}, wantEvents: 1},
+		{name: "admitted by another replica: left to it", admittedBy: ""},
+		{name: "another admission of the same name: not ours", admittedBy: "t0"},
+		{name: "a failing patch is retried, the others are done", admittedBy: "t1", funcs: failB, wantOwned: []string{"tmpl-0-a"}, wantErr: true, wantEvents: 2},
+		{name: "a stale cache skips nothing", admittedBy: "t1", funcs: staleCache, wantOwned: []string{"tmpl-0-a", "tmpl-0-b"}, wantEvents: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClient(tc.funcs, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), claim("tmpl-0-a", "t1"), claim("tmpl-0-b", "t1"))
+			recorder := events.NewFakeRecorder(10)
+			h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
+			if tc.admittedBy != "" {
+				h.Admissions.Add(dataKey, tc.admittedBy)
+			}
+			_, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey})
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("Reconcile error %v", err)
+			}
+			for _, name := range []string{"tmpl-0-a", "tmpl-0-b"} {
+				owned := len(ownedBy(t, c, name)) == 1
+				if want := contains(tc.wantOwned, name); owned != want {
+					t.Errorf("%s owned=%v, want %v", name, owned, want)
+				}
+			}
+			if got := len(recorder.Events); got != tc.wantEvents {
+				t.Errorf("%d events, want %d", got, tc.wantEvents)
+			}
+			if remembered := h.Admissions.Has(dataKey, "t1"); remembered != (tc.admittedBy == "t1" && tc.wantErr) {
+				t.Errorf("admission still remembered: %v", remembered)
+			}
+		})
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestRelease(t *testing.T) {
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "tmpl-0-a"}}
+	newRelease := func(c, live client.Client, grace, delay time.Duration) *Release {
+		return &Release{Client: c, APIReader: live, Recorder: events.NewFakeRecorder(10),
+			GracePeriod: grace, HandOverDelay: delay, ClaimGVK: allocation.IPClaimGVK}
+	}
+	exists := func(c client.Reader) bool {
+		err := c.Get(ctx, req.NamespacedName, &ipamv1.IPClaim{})
+		return err == nil
+	}
+
+	t.Run("waits for the grace period, then releases", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
+		r := newRelease(c, c, 300*time.Millisecond, 0)
+		res, err := r.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 || !exists(c) {
+			t.Fatalf("first look: %v %v exists=%v", res, err, exists(c))
+		}
+		time.Sleep(res.RequeueAfter)
+		if _, err := r.Reconcile(ctx, req); err != nil || exists(c) {
+			t.Fatalf("after the grace period: %v exists=%v", err, exists(c))
+		}
+	})
+	t.Run("a reclaimed claim starts its grace period again", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
+		r := newRelease(c, c, 300*time.Millisecond, 0)
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		obj := &ipamv1.IPClaim{}
+		if err := c.Get(ctx, req.NamespacedName, obj); err != nil {
+			t.Fatal(err)
+		}
+		obj.SetGroupVersionKind(allocation.IPClaimGVK)
+		if err := allocation.Reclaim(ctx, c, obj, "t2"); err != nil {
+			t.Fatal(err)
+		}
+		res, err := r.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter < 200*time.Millisecond || !exists(c) {
+			t.Fatalf("after a reclaim: %v %v exists=%v", res, err, exists(c))
+		}
+	})
+	t.Run("a Metal3Data the cache has not seen yet keeps its claim", func(t *testing.T) {
+		live := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
+		behind := newClient(interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if key.Name == "tmpl-0" {
+				return apierrors.NewNotFound(infrav1.GroupVersion.WithResource("metal3datas").GroupResource(), key.Name)
+			}
+			return live.Get(ctx, key, obj, opts...)
+		}})
+		if _, err := newRelease(behind, live, 0, 0).Reconcile(ctx, req); err != nil || !exists(live) || len(ownedBy(t, live, "tmpl-0-a")) != 0 {
+			t.Fatalf("err=%v exists=%v", err, exists(live))
+		}
+	})
+	t.Run("a lost admission response: handed over at once", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("", ""))
+		if _, err := newRelease(c, c, time.Hour, time.Hour).Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if owners := ownedBy(t, c, "tmpl-0-a"); len(owners) != 1 || owners[0].UID != "data-uid" {
+			t.Fatalf("owners %v", owners)
+		}
+	})
+	t.Run("recorded: left to the admitting replica, then taken over", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
+		r := newRelease(c, c, time.Hour, 200*time.Millisecond)
+		res, err := r.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("first look: %v %v", res, err)
+		}
+		time.Sleep(res.RequeueAfter)
+		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+			t.Fatalf("take-over: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
+		}
+	})
+	t.Run("a waiting claim being deleted loses CAPM3's finalizer", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
+		if err := c.Delete(ctx, claim("tmpl-0-a", "t1")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := newRelease(c, c, time.Hour, time.Hour).Reconcile(ctx, req); err != nil || exists(c) {
+			t.Fatalf("err=%v exists=%v", err, exists(c))
+		}
+	})
+}
+
+func TestClaimsWaitingFor(t *testing.T) {
+	handed := claim("tmpl-0-c", "t1")
+	handed.OwnerReferences = []metav1.OwnerReference{{Kind: "Metal3Data", Name: "tmpl-0", UID: "data-uid"}}
+	other := claim("tmpl-1-a", "t9")
+	other.Annotations[allocation.PreallocatedForAnnotation] = "tmpl-1"
+	c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), claim("tmpl-0-b", "t1"), handed, other)
+	r := &Release{Client: c, ClaimGVK: allocation.IPClaimGVK}
+	reqs := r.claimsWaitingFor(context.Background(), metal3Data("", ""))
+	if len(reqs) != 2 || reqs[0].Name == "tmpl-0-c" || reqs[1].Name == "tmpl-0-c" {
+		t.Fatalf("requests %v", reqs)
+	}
+}
