@@ -4,6 +4,7 @@ go 1.26
 
 require (
 	github.com/evanphx/json-patch/v5 v5.9.11
+	github.com/go-openapi/jsonpointer v0.22.1
 	github.com/google/go-cmp v0.7.0
 	github.com/metal3-io/baremetal-operator/apis v0.13.2
 	github.com/metal3-io/cluster-api-provider-metal3/api v1.13.2
@@ -36,7 +37,6 @@ require (
 	github.com/fxamacker/cbor/v2 v2.9.0 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
-	github.com/go-openapi/jsonpointer v0.22.1 // indirect
 	github.com/go-openapi/jsonreference v0.21.2 // indirect
 	github.com/go-openapi/swag v0.23.1 // indirect
 	github.com/go-openapi/swag/jsonname v0.25.1 // indirect
