@@ -317,3 +317,98 @@ func TestRestartWritesNothing(t *testing.T) {
 		}
 	}
 }
+
+// waitingClaim creates a claim as admission does: unowned, annotated for m's Metal3Data.
+func waitingClaim(t *testing.T, m *fixtures.Machine, token string) *ipamv1.IPClaim {
+	t.Helper()
+	claim := &ipamv1.IPClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: m.Data.Name + "-" + fixtures.ProvisioningPool, Namespace: m.Data.Namespace, Labels: m.Data.Labels,
+			Annotations: map[string]string{allocation.PreallocatedForAnnotation: m.Data.Name, allocation.AdmissionAnnotation: token},
+			Finalizers:  []string{infrav1.DataFinalizer},
+		},
+		Spec: ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: fixtures.ProvisioningPool, Namespace: m.Data.Namespace}},
+	}
+	if err := cp.Client.Create(context.Background(), claim); err != nil {
+		t.Fatal(err)
+	}
+	return claim
+}
+
+// TestLostResponseHandedOverAtOnce: claims were created but the Metal3Data was stored without a
+// record (the admission response was lost): they are handed over as soon as it is stored, not
+// after the grace period.
+func TestLostResponseHandedOverAtOnce(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "lost-response")
+	m := machines(t, ns, 1)[0]
+	waitingClaim(t, m, "lost-admission")
+	if err := cp.UnregisterMutatingWebhooks(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cp.RegisterMutatingWebhooks(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	// Let the release controller see the claim first, so that only the Metal3Data's arrival can
+	// make it act before the grace period.
+	time.Sleep(500 * time.Millisecond)
+	if err := cp.Client.Create(ctx, m.Data); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	eventually(t, gracePeriod+10*time.Second, func() error {
+		got, err := claimOf(ctx, m, fixtures.ProvisioningPool)
+		if err != nil {
+			return err
+		}
+		if problem := handedOver(got, m.Data); problem != "" {
+			return fmt.Errorf("%s", problem)
+		}
+		return nil
+	})
+	if elapsed := time.Since(start); elapsed > gracePeriod/2 {
+		t.Errorf("handed over %v after the Metal3Data was stored; the grace period is %v", elapsed, gracePeriod)
+	}
+}
+
+// TestWaitingClaimDeletedIsFinished: a waiting claim deleted by hand (or with its namespace) loses
+// CAPM3's finalizer, so that it, its address and its namespace go.
+func TestWaitingClaimDeletedIsFinished(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "deleted-while-waiting")
+	m := machines(t, ns, 1)[0]
+	claim := waitingClaim(t, m, "some-admission")
+	if err := cp.Client.Delete(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error {
+		got, err := claimOf(ctx, m, fixtures.ProvisioningPool)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("claim still there (%v): finalizers %v", err, got.GetFinalizers())
+	})
+}
+
+// TestPatchRejectionsAreTold: the API server answers a failed JSON patch test with a 422 that
+// IsTestFailure recognises, and a patch producing an invalid object with one it does not.
+func TestPatchRejectionsAreTold(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "patch-rejections")
+	m := machines(t, ns, 1)[0]
+	claim := waitingClaim(t, m, "t1")
+	data := m.Data.DeepCopy()
+	data.UID = "not-stored"
+
+	handed, err := allocation.HandOver(ctx, cp.Client, data, allocation.ClaimRef{Kind: allocation.KindIPClaim, Name: claim.Name}, "another-admission", nil)
+	if handed || err != nil {
+		t.Fatalf("hand-over with a failing test: %v, %v", handed, err)
+	}
+	data.UID = ""
+	_, err = allocation.HandOver(ctx, cp.Client, data, allocation.ClaimRef{Kind: allocation.KindIPClaim, Name: claim.Name}, "t1", nil)
+	if err == nil || allocation.IsTestFailure(err) {
+		t.Fatalf("an owner reference without UID must be a reported rejection, got %v", err)
+	}
+}
