@@ -38,8 +38,20 @@ verify-manifests: manifests ## Fail when the generated manifests are not committ
 test-unit: ## Unit tests of the product module only: no control plane, no tools.
 	go test -count=1 ./...
 
+FUZZTIME ?= 10s
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target of the product module for $(FUZZTIME).
+	@for pkg in $$(grep -rl --include='*_test.go' '^func Fuzz' pkg internal cmd | xargs -n1 dirname | sort -u); do \
+		for target in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$pkg/*_test.go | cut -d' ' -f2); do \
+			echo "go test -fuzz $$target ./$$pkg"; \
+			go test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) ./$$pkg || exit 1; \
+		done; \
+	done
+
 .PHONY: test
 test: tools lint verify-manifests test-unit ## Unit tests and the suites of the test module against a real control plane.
+	$(MAKE) --no-print-directory fuzz
 	cd test && go test -count=1 $$(go list ./... | grep -v /integration)
 	@# Verbose, for the CAPM3 reconcile counts it reports.
 	cd test && go test -count=1 -v ./integration

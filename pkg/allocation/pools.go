@@ -1,6 +1,6 @@
 // Package allocation holds the IP-claim domain of CAPM3's Metal3Data controller, free of admission
-// types: which pools a Metal3DataTemplate references, which claims CAPM3 v1.13.2 would create for a
-// Metal3Data, creating them ahead of CAPM3, handing them over and releasing them.
+// types: which pools a Metal3DataTemplate references, which claims CAPM3 (of CAPM3Version) would
+// create for a Metal3Data, creating them ahead of CAPM3, handing them over and releasing them.
 package allocation
 
 import (
@@ -14,6 +14,9 @@ import (
 )
 
 const (
+	// CAPM3Version is the CAPM3 release whose behaviour this package mirrors.
+	CAPM3Version = "v1.13.2"
+
 	// Metal3PoolGroup and Metal3PoolKind are what CAPM3 defaults a pool reference to.
 	Metal3PoolGroup = "ipam.metal3.io"
 	Metal3PoolKind  = "IPPool"
@@ -180,68 +183,145 @@ func servicesv6(s *infrav1.NetworkDataServicev6) string {
 }
 
 // Machine is what a fromPoolAnnotation can be read from: the CAPI Machine, the Metal3Machine and
-// the BareMetalHost of one Metal3Data. Only their annotations are read.
+// the BareMetalHost of one Metal3Data. Only their annotations are read. With none of them, as when
+// CAPM3 releases claims, fromPoolAnnotation entries are skipped.
 type Machine struct {
 	Machine       metav1.Object
 	Metal3Machine metav1.Object
 	BareMetalHost metav1.Object
 }
 
-// annotation mirrors CAPM3's getValueFromAnnotation.
-func (m Machine) annotation(a infrav1.FromPoolAnnotation) (string, error) {
-	var obj metav1.Object
-	switch strings.ToLower(a.Object) {
-	case ObjectMachine:
-		obj = m.Machine
-	case ObjectMetal3Machine:
-		obj = m.Metal3Machine
-	case ObjectBareMetalHost:
-		obj = m.BareMetalHost
-	default:
-		return "", fmt.Errorf("unknown object type %q", a.Object)
-	}
-	if obj == nil {
-		return "", fmt.Errorf("%s is nil but referenced in annotation %s", a.Object, a.Annotation)
-	}
-	return obj.GetAnnotations()[a.Annotation], nil
+// AnnotationObjects are the objects a fromPoolAnnotation may name.
+var AnnotationObjects = []string{ObjectMachine, ObjectMetal3Machine, ObjectBareMetalHost}
+
+// annotationObjects mirrors the switch of CAPM3's getValueFromAnnotation.
+var annotationObjects = map[string]func(Machine) metav1.Object{
+	ObjectMachine:       func(m Machine) metav1.Object { return m.Machine },
+	ObjectMetal3Machine: func(m Machine) metav1.Object { return m.Metal3Machine },
+	ObjectBareMetalHost: func(m Machine) metav1.Object { return m.BareMetalHost },
 }
 
-// ReferencedPools returns the pools a template references for one machine, exactly as CAPM3
-// v1.13.2's getReferencedPools computes them: group and kind defaulted, fromPoolAnnotation
-// resolved, and an error when one name is used with two group/kinds. The order is the order of
-// first reference.
-func ReferencedPools(tmpl *infrav1.Metal3DataTemplate, m Machine) ([]PoolRef, error) {
-	var pools []PoolRef
+// UnknownObjectError is a fromPoolAnnotation whose object is none of AnnotationObjects: CAPM3
+// fails every Metal3Data of the template with "unknown object type".
+type UnknownObjectError struct {
+	Path   *field.Path
+	Object string
+}
+
+func (e *UnknownObjectError) Error() string {
+	return fmt.Sprintf("%s: unknown object type %q", e.Path, e.Object)
+}
+
+// CheckAnnotationObject returns an *UnknownObjectError when CAPM3 cannot read a fromPoolAnnotation
+// at path from object, whatever the machine.
+func CheckAnnotationObject(path *field.Path, object string) error {
+	if _, ok := annotationObjects[strings.ToLower(object)]; !ok {
+		return &UnknownObjectError{Path: path, Object: object}
+	}
+	return nil
+}
+
+// poolName mirrors CAPM3's addFromAnnotation: the pool named by the annotation, or "" when the
+// machine is not known.
+func (m Machine) poolName(path *field.Path, a infrav1.FromPoolAnnotation) (string, error) {
+	if m.Machine == nil && m.Metal3Machine == nil && m.BareMetalHost == nil {
+		return "", nil
+	}
+	if err := CheckAnnotationObject(path, a.Object); err != nil {
+		return "", err
+	}
+	obj := annotationObjects[strings.ToLower(a.Object)](m)
+	if obj == nil {
+		return "", fmt.Errorf("%s: %s is nil but referenced in annotation %s", path, a.Object, a.Annotation)
+	}
+	name := obj.GetAnnotations()[a.Annotation]
+	if name == "" {
+		return "", fmt.Errorf("%s: annotation %s not found or empty on %s", path, a.Annotation, a.Object)
+	}
+	return name, nil
+}
+
+// Defaulted is a pool reference as CAPM3's addRef reads it: without apiGroup or kind, an
+// ipam.metal3.io IPPool.
+func Defaulted(ref infrav1.IPPoolReference) PoolRef {
+	pool := PoolRef{Name: ref.Name, APIGroup: ref.APIGroup, Kind: ref.Kind}
+	if pool.APIGroup == "" {
+		pool.APIGroup = Metal3PoolGroup
+	}
+	if pool.Kind == "" {
+		pool.Kind = Metal3PoolKind
+	}
+	return pool
+}
+
+// PoolConflictError is CAPM3's ErrConflictingPoolTypes with the places it comes from: Pool, at
+// Path, has the name of First, referenced earlier at FirstPath, with another group or kind.
+type PoolConflictError struct {
+	Path      *field.Path
+	Pool      PoolRef
+	First     PoolRef
+	FirstPath *field.Path
+}
+
+func (e *PoolConflictError) Error() string {
+	return fmt.Sprintf("%s: pool %q: %v (%s/%s and %s/%s at %s)", e.Path, e.Pool.Name, ErrConflictingPoolTypes,
+		e.Pool.APIGroup, e.Pool.Kind, e.First.APIGroup, e.First.Kind, e.FirstPath)
+}
+
+func (e *PoolConflictError) Unwrap() error { return ErrConflictingPoolTypes }
+
+// Pool is a pool a template references, and where it is referenced first.
+type Pool struct {
+	PoolRef
+	Path *field.Path
+}
+
+// Resolve computes the pools a template references for one machine as CAPM3 v1.13.2's
+// getReferencedPools does: group and kind defaulted, fromPoolAnnotation resolved against m, one
+// entry per name in the order of first reference. It returns every error in the order CAPM3
+// meets them (CAPM3 stops at the first): a *PoolConflictError for each reference that reuses a
+// name with another group or kind, and each fromPoolAnnotation that does not resolve.
+func Resolve(tmpl *infrav1.Metal3DataTemplate, m Machine) ([]Pool, []error) {
+	var pools []Pool
+	var errs []error
 	index := map[string]int{}
 	for _, ref := range References(tmpl) {
-		pool := PoolRef{Name: ref.Pool.Name, APIGroup: ref.Pool.APIGroup, Kind: ref.Pool.Kind}
-		if ref.FromAnnotation != nil {
-			name, err := m.annotation(*ref.FromAnnotation)
+		var pool PoolRef
+		if ref.FromAnnotation == nil {
+			pool = Defaulted(ref.Pool)
+		} else {
+			name, err := m.poolName(ref.Path, *ref.FromAnnotation)
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", ref.Path, err)
+				errs = append(errs, err)
 			}
 			if name == "" {
-				return nil, fmt.Errorf("%s: annotation %s not found or empty on %s",
-					ref.Path, ref.FromAnnotation.Annotation, ref.FromAnnotation.Object)
+				continue
 			}
 			pool = PoolRef{Name: name, APIGroup: Metal3PoolGroup, Kind: Metal3PoolKind}
-		}
-		if pool.APIGroup == "" {
-			pool.APIGroup = Metal3PoolGroup
-		}
-		if pool.Kind == "" {
-			pool.Kind = Metal3PoolKind
 		}
 		i, seen := index[pool.Name]
 		if !seen {
 			index[pool.Name] = len(pools)
-			pools = append(pools, pool)
+			pools = append(pools, Pool{PoolRef: pool, Path: ref.Path})
 			continue
 		}
-		if pools[i] != pool {
-			return nil, fmt.Errorf("%s: pool %q: %w (%s/%s and %s/%s)", ref.Path, pool.Name, ErrConflictingPoolTypes,
-				pools[i].APIGroup, pools[i].Kind, pool.APIGroup, pool.Kind)
+		if first := pools[i]; first.PoolRef != pool {
+			errs = append(errs, &PoolConflictError{Path: ref.Path, Pool: pool, First: first.PoolRef, FirstPath: first.Path})
 		}
 	}
-	return pools, nil
+	return pools, errs
+}
+
+// ReferencedPools returns the pools a template references for one machine, or the first error
+// CAPM3 v1.13.2's getReferencedPools would fail with (see Resolve).
+func ReferencedPools(tmpl *infrav1.Metal3DataTemplate, m Machine) ([]PoolRef, error) {
+	pools, errs := Resolve(tmpl, m)
+	if len(errs) > 0 {
+		return nil, errs[0]
+	}
+	var refs []PoolRef
+	for _, p := range pools {
+		refs = append(refs, p.PoolRef)
+	}
+	return refs, nil
 }

@@ -2,12 +2,12 @@ package allocation
 
 import (
 	"errors"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 const ann = "example.com/pool"
@@ -18,6 +18,8 @@ func machineWith(machine, m3m, bmh string) Machine {
 	}
 	return Machine{Machine: obj(machine), Metal3Machine: obj(m3m), BareMetalHost: obj(bmh)}
 }
+
+var equatePaths = cmp.Comparer(func(a, b *field.Path) bool { return a.String() == b.String() })
 
 func metal3(name string) PoolRef {
 	return PoolRef{Name: name, APIGroup: Metal3PoolGroup, Kind: Metal3PoolKind}
@@ -108,7 +110,8 @@ func TestReferencedPools(t *testing.T) {
 			tmpl: networks(infrav1.NetworkDataNetwork{IPv4: []infrav1.NetworkDataIPv4{
 				{FromPoolAnnotation: byAnnotation("machine")}, {FromPoolRef: capi},
 			}}),
-			wantErr: "multiple references with the same name but different resource types",
+			wantErr: `spec.networkData.networks.ipv4[1].fromPoolRef: pool "capi": multiple references with the same name but different resource types ` +
+				`(ipam.cluster.x-k8s.io/InClusterIPPool and ipam.metal3.io/IPPool at spec.networkData.networks.ipv4[0].fromPoolAnnotation)`,
 		},
 		{
 			name:    "route gateways and DNS of static networks",
@@ -145,7 +148,8 @@ func TestReferencedPools(t *testing.T) {
 			tmpl: networks(infrav1.NetworkDataNetwork{IPv4: []infrav1.NetworkDataIPv4{
 				{IPAddressFromIPPool: "capi"}, {FromPoolRef: capi},
 			}}),
-			wantErr: "spec.networkData.networks.ipv4[1].fromPoolRef: pool \"capi\": multiple references with the same name but different resource types",
+			wantErr: "spec.networkData.networks.ipv4[1].fromPoolRef: pool \"capi\": multiple references with the same name but different resource types " +
+				"(ipam.cluster.x-k8s.io/InClusterIPPool and ipam.metal3.io/IPPool at spec.networkData.networks.ipv4[0].ipAddressFromIPPool)",
 		},
 		{
 			name:    "empty annotation value",
@@ -157,20 +161,27 @@ func TestReferencedPools(t *testing.T) {
 			name:    "unknown annotation object",
 			machine: machineWith("x", "x", "x"),
 			tmpl:    networks(infrav1.NetworkDataNetwork{IPv4: []infrav1.NetworkDataIPv4{{FromPoolAnnotation: byAnnotation("cluster")}}}),
-			wantErr: `unknown object type "cluster"`,
+			wantErr: `spec.networkData.networks.ipv4[0].fromPoolAnnotation: unknown object type "cluster"`,
 		},
 		{
 			name:    "annotation object missing",
-			machine: Machine{},
+			machine: Machine{Machine: &metav1.ObjectMeta{}},
 			tmpl:    networks(infrav1.NetworkDataNetwork{IPv6: []infrav1.NetworkDataIPv6{{FromPoolAnnotation: byAnnotation("baremetalhost")}}}),
-			wantErr: "baremetalhost is nil but referenced in annotation example.com/pool",
+			wantErr: "spec.networkData.networks.ipv6[0].fromPoolAnnotation: baremetalhost is nil but referenced in annotation example.com/pool",
+		},
+		{
+			name: "without a machine fromPoolAnnotation is skipped, as when CAPM3 releases claims",
+			tmpl: networks(infrav1.NetworkDataNetwork{IPv4: []infrav1.NetworkDataIPv4{
+				{FromPoolAnnotation: byAnnotation("cluster"), IPAddressFromIPPool: "direct"},
+			}}),
+			want: []PoolRef{metal3("direct")},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ReferencedPools(tc.tmpl, tc.machine)
 			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error = %v, want one containing %q", err, tc.wantErr)
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("error = %v, want %s", err, tc.wantErr)
 				}
 				return
 			}
@@ -188,8 +199,86 @@ func TestConflictIsErrConflictingPoolTypes(t *testing.T) {
 	tmpl := networks(infrav1.NetworkDataNetwork{IPv4: []infrav1.NetworkDataIPv4{
 		{IPAddressFromIPPool: "p"}, {FromPoolRef: infrav1.IPPoolReference{Name: "p", Kind: "Other"}},
 	}})
-	if _, err := ReferencedPools(tmpl, Machine{}); !errors.Is(err, ErrConflictingPoolTypes) {
+	_, err := ReferencedPools(tmpl, Machine{})
+	if !errors.Is(err, ErrConflictingPoolTypes) {
 		t.Fatalf("error = %v", err)
+	}
+	var conflict *PoolConflictError
+	if !errors.As(err, &conflict) {
+		t.Fatalf("error %T is not a *PoolConflictError", err)
+	}
+	want := PoolConflictError{
+		Path:      field.NewPath("spec", "networkData", "networks", "ipv4").Index(1).Child("fromPoolRef"),
+		Pool:      PoolRef{Name: "p", APIGroup: Metal3PoolGroup, Kind: "Other"},
+		First:     metal3("p"),
+		FirstPath: field.NewPath("spec", "networkData", "networks", "ipv4").Index(0).Child("ipAddressFromIPPool"),
+	}
+	if diff := cmp.Diff(want, *conflict, equatePaths); diff != "" {
+		t.Errorf("conflict (-want +got):\n%s", diff)
+	}
+}
+
+// TestResolveReportsEveryError: validation shows every broken reference at once, while CAPM3 (and
+// ReferencedPools) stops at the first.
+func TestResolveReportsEveryError(t *testing.T) {
+	tmpl := networks(infrav1.NetworkDataNetwork{IPv4: []infrav1.NetworkDataIPv4{
+		{IPAddressFromIPPool: "a"},
+		{FromPoolAnnotation: infrav1.FromPoolAnnotation{Object: "cluster", Annotation: ann}, FromPoolRef: infrav1.IPPoolReference{Name: "a", Kind: "K"}},
+		{IPAddressFromIPPool: "b"},
+		{FromPoolRef: infrav1.IPPoolReference{Name: "b", APIGroup: "g"}},
+	}})
+	pools, errs := Resolve(tmpl, machineWith("x", "x", "x"))
+	var got []string
+	for _, err := range errs {
+		got = append(got, err.Error())
+	}
+	want := []string{
+		`spec.networkData.networks.ipv4[1].fromPoolAnnotation: unknown object type "cluster"`,
+		`spec.networkData.networks.ipv4[1].fromPoolRef: pool "a": multiple references with the same name but different resource types (ipam.metal3.io/K and ipam.metal3.io/IPPool at spec.networkData.networks.ipv4[0].ipAddressFromIPPool)`,
+		`spec.networkData.networks.ipv4[3].fromPoolRef: pool "b": multiple references with the same name but different resource types (g/IPPool and ipam.metal3.io/IPPool at spec.networkData.networks.ipv4[2].ipAddressFromIPPool)`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("errors (-want +got):\n%s", diff)
+	}
+	var unknown *UnknownObjectError
+	if !errors.As(errs[0], &unknown) || unknown.Object != "cluster" || unknown.Path.String() != "spec.networkData.networks.ipv4[1].fromPoolAnnotation" {
+		t.Errorf("first error %#v", errs[0])
+	}
+	wantPools := []Pool{
+		{PoolRef: metal3("a"), Path: field.NewPath("spec", "networkData", "networks", "ipv4").Index(0).Child("ipAddressFromIPPool")},
+		{PoolRef: metal3("b"), Path: field.NewPath("spec", "networkData", "networks", "ipv4").Index(2).Child("ipAddressFromIPPool")},
+	}
+	if diff := cmp.Diff(wantPools, pools, equatePaths); diff != "" {
+		t.Errorf("pools (-want +got):\n%s", diff)
+	}
+}
+
+func TestCheckAnnotationObject(t *testing.T) {
+	path := field.NewPath("spec", "x")
+	for _, object := range []string{"machine", "Metal3Machine", "BAREMETALHOST"} {
+		if err := CheckAnnotationObject(path, object); err != nil {
+			t.Errorf("%s: %v", object, err)
+		}
+	}
+	err := CheckAnnotationObject(path, "cluster")
+	if diff := cmp.Diff(&UnknownObjectError{Path: path, Object: "cluster"}, err, equatePaths); diff != "" {
+		t.Errorf("error (-want +got):\n%s", diff)
+	}
+}
+
+func TestDefaulted(t *testing.T) {
+	for _, tc := range []struct {
+		ref  infrav1.IPPoolReference
+		want PoolRef
+	}{
+		{infrav1.IPPoolReference{Name: "p"}, metal3("p")},
+		{infrav1.IPPoolReference{Name: "p", Kind: "K"}, PoolRef{Name: "p", APIGroup: Metal3PoolGroup, Kind: "K"}},
+		{infrav1.IPPoolReference{Name: "p", APIGroup: "g"}, PoolRef{Name: "p", APIGroup: "g", Kind: Metal3PoolKind}},
+		{infrav1.IPPoolReference{Name: "p", APIGroup: "g", Kind: "K"}, PoolRef{Name: "p", APIGroup: "g", Kind: "K"}},
+	} {
+		if got := Defaulted(tc.ref); got != tc.want {
+			t.Errorf("Defaulted(%+v) = %+v, want %+v", tc.ref, got, tc.want)
+		}
 	}
 }
 

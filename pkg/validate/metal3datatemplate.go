@@ -2,14 +2,17 @@ package validate
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"maps"
+	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,10 +22,17 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// +kubebuilder:webhook:path=/validate-infrastructure-cluster-x-k8s-io-v1beta2-metal3datatemplate,mutating=false,failurePolicy=fail,sideEffects=None,groups=infrastructure.cluster.x-k8s.io,resources=metal3datatemplates,verbs=create;update,versions=v1beta2,name=validation.metal3datatemplate.ip-preallocator.metal3.io,matchPolicy=Equivalent,admissionReviewVersions=v1
+// The webhook fails closed, so a matchCondition in config/webhook keeps it out of every update that
+// does not change the spec, or that touches an object being deleted: CAPM3's finalizer and owner
+// reference updates and the removal of finalizers never wait for it, even while it is down.
+// +kubebuilder:webhook:path=/validate-infrastructure-cluster-x-k8s-io-v1beta2-metal3datatemplate,mutating=false,failurePolicy=fail,sideEffects=None,groups=infrastructure.cluster.x-k8s.io,resources=metal3datatemplates,verbs=create;update,versions=v1beta2,name=validation.metal3datatemplate.ip-preallocator.metal3.io,matchPolicy=Equivalent,timeoutSeconds=5,admissionReviewVersions=v1
 
 // +kubebuilder:rbac:groups=ipam.metal3.io,resources=ippools,verbs=get
 // +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=*,verbs=get
+
+// liveCheckTimeout bounds the reads behind the warnings about missing pools, well below the
+// webhook's timeoutSeconds: a slow API server costs the warnings, never the admission.
+const liveCheckTimeout = 2 * time.Second
 
 // Metal3DataTemplate validates the pool references of Metal3DataTemplates on create and update.
 type Metal3DataTemplate struct {
@@ -41,12 +51,12 @@ func (v *Metal3DataTemplate) SetupWebhookWithManager(mgr ctrl.Manager) error {
 
 // ValidateCreate implements admission.Validator.
 func (v *Metal3DataTemplate) ValidateCreate(ctx context.Context, tmpl *infrav1.Metal3DataTemplate) (admission.Warnings, error) {
-	return v.validate(ctx, tmpl)
+	return v.validate(ctx, nil, tmpl)
 }
 
 // ValidateUpdate implements admission.Validator.
-func (v *Metal3DataTemplate) ValidateUpdate(ctx context.Context, _, tmpl *infrav1.Metal3DataTemplate) (admission.Warnings, error) {
-	return v.validate(ctx, tmpl)
+func (v *Metal3DataTemplate) ValidateUpdate(ctx context.Context, old, tmpl *infrav1.Metal3DataTemplate) (admission.Warnings, error) {
+	return v.validate(ctx, old, tmpl)
 }
 
 // ValidateDelete implements admission.Validator.
@@ -54,32 +64,82 @@ func (v *Metal3DataTemplate) ValidateDelete(context.Context, *infrav1.Metal3Data
 	return nil, nil
 }
 
-func (v *Metal3DataTemplate) validate(ctx context.Context, tmpl *infrav1.Metal3DataTemplate) (admission.Warnings, error) {
-	errs, warnings := PoolReferences(tmpl)
+func (v *Metal3DataTemplate) validate(ctx context.Context, old, tmpl *infrav1.Metal3DataTemplate) (admission.Warnings, error) {
+	errs, warnings := Template(old, tmpl)
 	if len(errs) > 0 {
 		return warnings, apierrors.NewInvalid(infrav1.GroupVersion.WithKind("Metal3DataTemplate").GroupKind(), tmpl.Name, errs)
 	}
+	if tmpl.DeletionTimestamp != nil || old != nil && maps.Equal(poolSet(old), poolSet(tmpl)) {
+		return warnings, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, liveCheckTimeout)
+	defer cancel()
 	return append(warnings, v.poolWarnings(ctx, tmpl)...), nil
 }
 
+// Template returns what admission rejects and warns about when a Metal3DataTemplate is created
+// (old is nil) or updated from old, without reading anything. An update that leaves the spec
+// alone, and any update of an object being deleted, is never rejected. Otherwise an update is
+// rejected only for the errors it introduces: one that old has at the same field with the same
+// value is only a warning (ratcheting, as Cluster API's webhooks do), so that a template stored
+// before this check, or before a rule changed, can still be edited.
+func Template(old, tmpl *infrav1.Metal3DataTemplate) (field.ErrorList, []string) {
+	if tmpl.DeletionTimestamp != nil || old != nil && equality.Semantic.DeepEqual(old.Spec, tmpl.Spec) {
+		return nil, nil
+	}
+	errs, warnings := PoolReferences(tmpl)
+	if old == nil || len(errs) == 0 {
+		return errs, warnings
+	}
+	oldErrs, _ := PoolReferences(old)
+	stored := map[errorKey]bool{}
+	for _, err := range oldErrs {
+		stored[keyOf(err)] = true
+	}
+	var introduced field.ErrorList
+	for _, err := range errs {
+		if stored[keyOf(err)] {
+			warnings = append(warnings, err.Error()+" (admitted: the stored Metal3DataTemplate has it already, but CAPM3 still fails on it)")
+			continue
+		}
+		introduced = append(introduced, err)
+	}
+	return introduced, warnings
+}
+
+// errorKey is what makes two errors the same for ratcheting: their type, field and value, not
+// their message, which may name other places.
+type errorKey struct {
+	Type  field.ErrorType
+	Field string
+	Value string
+}
+
+func keyOf(err *field.Error) errorKey {
+	return errorKey{Type: err.Type, Field: err.Field, Value: fmt.Sprint(err.BadValue)}
+}
+
+// poolSet is the set of pools a template names directly, which the live checks look at.
+func poolSet(tmpl *infrav1.Metal3DataTemplate) map[allocation.PoolRef]bool {
+	pools, _ := allocation.Resolve(tmpl, allocation.Machine{})
+	set := make(map[allocation.PoolRef]bool, len(pools))
+	for _, pool := range pools {
+		set[pool.PoolRef] = true
+	}
+	return set
+}
+
 // poolWarnings says which directly referenced pools no installed API serves, or do not exist.
+// Each read ends at ctx's deadline; what is not known by then is logged, not warned about.
 func (v *Metal3DataTemplate) poolWarnings(ctx context.Context, tmpl *infrav1.Metal3DataTemplate) []string {
 	logger := log.FromContext(ctx).WithValues("Metal3DataTemplate", klog.KObj(tmpl))
 	var warnings []string
-	checked := map[string]bool{}
-	for _, ref := range allocation.References(tmpl) {
-		if ref.FromAnnotation != nil {
-			continue
-		}
-		pool := defaulted(ref.Pool)
-		if checked[pool.Name] {
-			continue
-		}
-		checked[pool.Name] = true
+	pools, _ := allocation.Resolve(tmpl, allocation.Machine{})
+	for _, pool := range pools {
 		gk := schema.GroupKind{Group: pool.APIGroup, Kind: pool.Kind}
-		mapping, err := v.RESTMapper.RESTMapping(gk)
+		mapping, err := restMapping(ctx, v.RESTMapper, gk)
 		if meta.IsNoMatchError(err) {
-			warnings = append(warnings, fmt.Sprintf("%s: no installed API serves %s for pool %q", ref.Path, gk, pool.Name))
+			warnings = append(warnings, fmt.Sprintf("%s: no installed API serves %s for pool %q", pool.Path, gk, pool.Name))
 			continue
 		}
 		if err != nil {
@@ -91,10 +151,30 @@ func (v *Metal3DataTemplate) poolWarnings(ctx context.Context, tmpl *infrav1.Met
 		err = v.Reader.Get(ctx, client.ObjectKey{Namespace: tmpl.Namespace, Name: pool.Name}, obj)
 		switch {
 		case apierrors.IsNotFound(err):
-			warnings = append(warnings, fmt.Sprintf("%s: %s %q does not exist in namespace %q", ref.Path, gk, pool.Name, tmpl.Namespace))
-		case err != nil && !errors.Is(err, context.Canceled):
+			warnings = append(warnings, fmt.Sprintf("%s: %s %q does not exist in namespace %q", pool.Path, gk, pool.Name, tmpl.Namespace))
+		case err != nil:
 			logger.Info("Cannot check that the pool exists", "pool", pool.Name, "error", err)
 		}
 	}
 	return warnings
+}
+
+// restMapping bounds a RESTMapper lookup by ctx: a group the mapper has not cached yet is
+// discovered from the API server, and that read takes no context.
+func restMapping(ctx context.Context, mapper meta.RESTMapper, gk schema.GroupKind) (*meta.RESTMapping, error) {
+	type result struct {
+		mapping *meta.RESTMapping
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		mapping, err := mapper.RESTMapping(gk)
+		done <- result{mapping, err}
+	}()
+	select {
+	case r := <-done:
+		return r.mapping, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }

@@ -3,6 +3,7 @@
 package validate
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -15,65 +16,59 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// MaxIndex is the largest Metal3Data index for which claim names are checked: CAPM3 names a
-// Metal3Data <template>-<index> and its claims <template>-<index>-<pool>, and a template whose
-// claim names fit for index 999999 fits for every smaller one.
+// MaxIndex is the largest Metal3Data index a template is expected to serve. CAPM3 names a
+// Metal3Data <template>-<index> and its claims <template>-<index>-<pool>, so claim names grow
+// with the index.
 const MaxIndex = 999999
 
-var annotationObjects = []string{allocation.ObjectMachine, allocation.ObjectMetal3Machine, allocation.ObjectBareMetalHost}
-
 // PoolReferences validates the pool references of a Metal3DataTemplate without reading anything
-// else. It rejects only what CAPM3 v1.13.2 fails on at reconcile time: one pool name used with two
-// group/kinds, a fromPoolAnnotation that names an unknown object or an invalid annotation key,
-// and claim names that cannot be valid. It warns where CAPM3 silently ignores something.
+// else. It rejects only what CAPM3 fails on at reconcile time, for every Metal3Data of the
+// template: one pool name used with two group/kinds, a fromPoolAnnotation that names an unknown
+// object or an invalid annotation key, and claim names that are invalid from index 0 on. It warns
+// where CAPM3 silently ignores something, and when claim names stop fitting below MaxIndex.
 func PoolReferences(tmpl *infrav1.Metal3DataTemplate) (field.ErrorList, []string) {
 	var errs field.ErrorList
 	var warnings []string
-	type first struct {
-		pool allocation.PoolRef
-		path *field.Path
+	pools, conflicts := allocation.Resolve(tmpl, allocation.Machine{})
+	for _, err := range conflicts {
+		errs = append(errs, resolveError(err))
 	}
-	seen := map[string]first{}
 	for _, ref := range allocation.References(tmpl) {
 		if ann := ref.FromAnnotation; ann != nil {
 			errs = append(errs, validateFromAnnotation(ref.Path, *ann)...)
 			continue
 		}
-		if gk := ref.MetaDataGroupKind; gk != nil && (gk.Group != "" && gk.Group != allocation.Metal3PoolGroup || gk.Kind != "" && gk.Kind != allocation.Metal3PoolKind) {
-			warnings = append(warnings, fmt.Sprintf("%s: apiGroup %q and kind %q are ignored by CAPM3 v1.13.2: pool %q is read as an %s %s",
-				strings.TrimSuffix(ref.Path.String(), ".name"), gk.Group, gk.Kind, ref.Pool.Name, allocation.Metal3PoolGroup, allocation.Metal3PoolKind))
+		if gk := ref.MetaDataGroupKind; gk != nil && !allocation.Defaulted(infrav1.IPPoolReference{APIGroup: gk.Group, Kind: gk.Kind}).IsMetal3() {
+			warnings = append(warnings, fmt.Sprintf("%s: apiGroup %q and kind %q are ignored by CAPM3 %s: pool %q is read as an %s %s",
+				strings.TrimSuffix(ref.Path.String(), ".name"), gk.Group, gk.Kind, allocation.CAPM3Version, ref.Pool.Name,
+				allocation.Metal3PoolGroup, allocation.Metal3PoolKind))
 		}
-		pool := defaulted(ref.Pool)
-		if prev, ok := seen[pool.Name]; ok {
-			if prev.pool != pool {
-				errs = append(errs, field.Invalid(ref.Path, pool.Name, fmt.Sprintf(
-					"pool %q is referenced as %s/%s here and as %s/%s at %s; CAPM3 fails on one name with two resource types",
-					pool.Name, pool.APIGroup, pool.Kind, prev.pool.APIGroup, prev.pool.Kind, prev.path)))
-			}
-			continue
-		}
-		seen[pool.Name] = first{pool: pool, path: ref.Path}
-		errs = append(errs, validateClaimName(ref.Path, tmpl.Name, pool.Name)...)
+	}
+	for _, pool := range pools {
+		nameErrs, nameWarnings := validateClaimName(pool.Path, tmpl.Name, pool.Name)
+		errs = append(errs, nameErrs...)
+		warnings = append(warnings, nameWarnings...)
 	}
 	return errs, warnings
 }
 
-func defaulted(ref infrav1.IPPoolReference) allocation.PoolRef {
-	pool := allocation.PoolRef{Name: ref.Name, APIGroup: ref.APIGroup, Kind: ref.Kind}
-	if pool.APIGroup == "" {
-		pool.APIGroup = allocation.Metal3PoolGroup
+// resolveError turns an error of allocation.Resolve for a template on its own, which can only be
+// a conflict, into the error a user sees.
+func resolveError(err error) *field.Error {
+	var conflict *allocation.PoolConflictError
+	if !errors.As(err, &conflict) {
+		return field.InternalError(field.NewPath("spec"), err)
 	}
-	if pool.Kind == "" {
-		pool.Kind = allocation.Metal3PoolKind
-	}
-	return pool
+	return field.Invalid(conflict.Path, conflict.Pool.Name, fmt.Sprintf(
+		"pool %q is referenced as %s/%s here and as %s/%s at %s; CAPM3 fails on one name with two resource types",
+		conflict.Pool.Name, conflict.Pool.APIGroup, conflict.Pool.Kind, conflict.First.APIGroup, conflict.First.Kind, conflict.FirstPath))
 }
 
 func validateFromAnnotation(path *field.Path, ann infrav1.FromPoolAnnotation) field.ErrorList {
 	var errs field.ErrorList
-	object := strings.ToLower(ann.Object)
-	if object != allocation.ObjectMachine && object != allocation.ObjectMetal3Machine && object != allocation.ObjectBareMetalHost {
-		errs = append(errs, field.NotSupported(path.Child("object"), ann.Object, annotationObjects))
+	var unknown *allocation.UnknownObjectError
+	if errors.As(allocation.CheckAnnotationObject(path, ann.Object), &unknown) {
+		errs = append(errs, field.NotSupported(path.Child("object"), unknown.Object, allocation.AnnotationObjects))
 	}
 	for _, err := range apivalidation.ValidateAnnotations(map[string]string{ann.Annotation: ""}, path.Child("annotation")) {
 		errs = append(errs, field.Invalid(path.Child("annotation"), ann.Annotation, "not a valid annotation key: "+err.Detail))
@@ -81,14 +76,24 @@ func validateFromAnnotation(path *field.Path, ann infrav1.FromPoolAnnotation) fi
 	return errs
 }
 
-// validateClaimName checks the name CAPM3 gives the claim of pool for the longest index.
-func validateClaimName(path *field.Path, template, pool string) field.ErrorList {
-	name := template + "-" + strconv.Itoa(MaxIndex) + "-" + pool
-	msgs := validation.IsDNS1123Subdomain(name)
-	if len(msgs) == 0 {
-		return nil
+// validateClaimName checks the names CAPM3 gives the claims of pool. Only their length depends on
+// the index, so a name that is invalid for index 0 is invalid for every Metal3Data, and one that
+// is valid for index 0 becomes too long at some index, for which it warns.
+func validateClaimName(path *field.Path, template, pool string) (field.ErrorList, []string) {
+	name := allocation.ClaimName(allocation.DataName(template, 0), pool)
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		return field.ErrorList{field.Invalid(path, pool, fmt.Sprintf(
+			"the claims of pool %q would be named %q (%d characters for index 0), which is not a valid object name: %s",
+			pool, name, len(name), strings.Join(msgs, "; ")))}, nil
 	}
-	return field.ErrorList{field.Invalid(path, pool, fmt.Sprintf(
-		"the claims of pool %q would be named %q (%d characters for index %d), which is not a valid object name: %s",
-		pool, name, len(name), MaxIndex, strings.Join(msgs, "; ")))}
+	longest := allocation.ClaimName(allocation.DataName(template, MaxIndex), pool)
+	if len(longest) <= validation.DNS1123SubdomainMaxLength {
+		return nil, nil
+	}
+	// Index 0 takes one digit of the name; the largest index that fits has all the room in nines.
+	digits := 1 + validation.DNS1123SubdomainMaxLength - len(name)
+	largest, _ := strconv.Atoi(strings.Repeat("9", digits))
+	return nil, []string{fmt.Sprintf(
+		"%s: the claims of pool %q fit in an object name (%d characters) up to index %d only: CAPM3 cannot claim this pool for the Metal3Data of a larger index",
+		path, pool, validation.DNS1123SubdomainMaxLength, largest)}
 }

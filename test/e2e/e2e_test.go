@@ -270,6 +270,7 @@ func TestRenderedConfigInstalls(t *testing.T) {
 		"certificate.cert-manager.io/ip-preallocator-serving-cert created (server dry run)",
 		"issuer.cert-manager.io/ip-preallocator-selfsigned-issuer created (server dry run)",
 		"mutatingwebhookconfiguration.admissionregistration.k8s.io/ip-preallocator-mutating-webhook-configuration created (server dry run)",
+		"validatingwebhookconfiguration.admissionregistration.k8s.io/ip-preallocator-validating-webhook-configuration created (server dry run)",
 		"deployment.apps/ip-preallocator-controller-manager created (server dry run)",
 		"clusterrole.rbac.authorization.k8s.io/ip-preallocator-manager-role created (server dry run)",
 	} {
