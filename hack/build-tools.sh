@@ -42,4 +42,5 @@ install() {
 }
 install controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen "${CONTROLLER_GEN_VERSION:-v0.20.1}"
 install kustomize sigs.k8s.io/kustomize/kustomize/v5 "${KUSTOMIZE_VERSION:-v5.8.1}"
+install golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint "${GOLANGCI_LINT_VERSION:-v2.15.0}"
 

@@ -19,15 +19,15 @@ import (
 type Outcome string
 
 const (
-	// Created: the webhook created the claim.
+	// Created means the webhook created the claim.
 	Created Outcome = "created"
-	// Reused: the claim already existed, preallocated earlier for a Metal3Data of this name, not
+	// Reused means the claim already existed, preallocated earlier for a Metal3Data of this name, not
 	// handed over to anyone yet and with the planned spec, so it is claimed again for this one.
 	Reused Outcome = "reused"
-	// Foreign: a claim CAPM3 would use exists and belongs to something else. It is left
+	// Foreign means a claim CAPM3 would use exists and belongs to something else. It is left
 	// untouched; CAPM3 decides what to do with it, as it would without the webhook.
 	Foreign Outcome = "foreign"
-	// Failed: the claim could not be looked up or created; CAPM3 will create it itself.
+	// Failed means the claim could not be looked up or created; CAPM3 will create it itself.
 	Failed Outcome = "failed"
 )
 

@@ -220,6 +220,7 @@ func TestRelease(t *testing.T) {
 }
 
 func getClaimAsObject(t *testing.T, c client.Reader) client.Object {
+	t.Helper()
 	claim := getClaim(t, c)
 	claim.SetGroupVersionKind(IPClaimGVK)
 	return claim

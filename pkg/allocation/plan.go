@@ -15,9 +15,10 @@ import (
 )
 
 const (
-	// DataLabelName and PoolLabelName are the labels CAPM3 puts on IPClaims in BMH-name mode and
-	// releases them by.
+	// DataLabelName is the label CAPM3 puts on IPClaims in BMH-name mode, naming the Metal3Data
+	// it releases them by.
 	DataLabelName = "infrastructure.cluster.x-k8s.io/data-name"
+	// PoolLabelName is the label CAPM3 puts on IPClaims in BMH-name mode, naming the pool.
 	PoolLabelName = "infrastructure.cluster.x-k8s.io/pool-name"
 
 	// PreallocatedForAnnotation marks a claim created during admission that is not handed over yet;
@@ -32,13 +33,16 @@ const (
 	// separated by commas.
 	ClaimsAnnotation = "ip-preallocator.metal3.io/claims"
 
-	KindIPClaim        = "IPClaim"
+	// KindIPClaim is the kind of a Metal3 IPAM claim.
+	KindIPClaim = "IPClaim"
+	// KindIPAddressClaim is the kind of a Cluster API IPAM claim.
 	KindIPAddressClaim = "IPAddressClaim"
 )
 
 var (
-	// IPClaimGVK and IPAddressClaimGVK are the versions CAPM3 v1.13.2 creates claims with.
-	IPClaimGVK        = ipamv1.GroupVersion.WithKind(KindIPClaim)
+	// IPClaimGVK is the version CAPM3 creates IPClaims with.
+	IPClaimGVK = ipamv1.GroupVersion.WithKind(KindIPClaim)
+	// IPAddressClaimGVK is the version CAPM3 creates IPAddressClaims with.
 	IPAddressClaimGVK = capipamv1.GroupVersion.WithKind(KindIPAddressClaim)
 )
 

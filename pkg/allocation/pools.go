@@ -17,13 +17,16 @@ const (
 	// CAPM3Version is the CAPM3 release whose behaviour this package mirrors.
 	CAPM3Version = "v1.13.2"
 
-	// Metal3PoolGroup and Metal3PoolKind are what CAPM3 defaults a pool reference to.
+	// Metal3PoolGroup is the group CAPM3 defaults a pool reference to.
 	Metal3PoolGroup = "ipam.metal3.io"
-	Metal3PoolKind  = "IPPool"
+	// Metal3PoolKind is the kind CAPM3 defaults a pool reference to.
+	Metal3PoolKind = "IPPool"
 
-	// Objects a fromPoolAnnotation may read, as CAPM3 spells them (compared case-insensitively).
-	ObjectMachine       = "machine"
+	// ObjectMachine is how a fromPoolAnnotation names the CAPI Machine (compared case-insensitively, as CAPM3 does).
+	ObjectMachine = "machine"
+	// ObjectMetal3Machine is how a fromPoolAnnotation names the Metal3Machine.
 	ObjectMetal3Machine = "metal3machine"
+	// ObjectBareMetalHost is how a fromPoolAnnotation names the BareMetalHost.
 	ObjectBareMetalHost = "baremetalhost"
 )
 

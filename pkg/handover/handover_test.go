@@ -168,7 +168,7 @@ func TestRelease(t *testing.T) {
 	})
 	t.Run("a Metal3Data the cache has not seen yet keeps its claim", func(t *testing.T) {
 		live := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
-		behind := newClient(interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		behind := newClient(interceptor.Funcs{Get: func(ctx context.Context, _ client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 			if key.Name == "tmpl-0" {
 				return apierrors.NewNotFound(infrav1.GroupVersion.WithResource("metal3datas").GroupResource(), key.Name)
 			}

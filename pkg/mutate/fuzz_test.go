@@ -19,13 +19,15 @@ func FuzzRecordPatch(f *testing.F) {
 	f.Add(`{"metadata":{"name":"a"}}`, "IPClaim/a")
 	f.Add(`{"metadata":{"annotations":{"x/y~z":"1"}}}`, "IPClaim/a,IPAddressClaim/b")
 	f.Add(`{"metadata":{"annotations":{"ip-preallocator.metal3.io/claims":"old"}}}`, "")
+	f.Add(`{}`, "0")
 	f.Fuzz(func(t *testing.T, doc, value string) {
 		var obj struct {
-			Metadata struct {
+			Metadata *struct {
 				Annotations map[string]string `json:"annotations"`
 			} `json:"metadata"`
 		}
-		if err := json.Unmarshal([]byte(doc), &obj); err != nil {
+		// Every object the API server sends has metadata.
+		if err := json.Unmarshal([]byte(doc), &obj); err != nil || obj.Metadata == nil {
 			return
 		}
 		record := map[string]string{allocation.ClaimsAnnotation: value, allocation.AdmissionAnnotation: "uid"}

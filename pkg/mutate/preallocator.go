@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/go-openapi/jsonpointer"
@@ -277,7 +276,7 @@ func (p *Preallocator) plan(ctx context.Context, data *infrav1.Metal3Data) ([]al
 		return nil, skipf(ReasonNoPools, "Metal3DataTemplate %s references no IP pool", tmpl.Name)
 	}
 	// CAPM3's validating webhook rejects such a Metal3Data after us; claims for it would only be released.
-	if data.Spec.Index != nil && data.Name != tmpl.Name+"-"+strconv.Itoa(int(*data.Spec.Index)) {
+	if data.Spec.Index != nil && data.Name != allocation.DataName(tmpl.Name, int(*data.Spec.Index)) {
 		return nil, skipf(ReasonInvalidName, "name does not follow <template>-<index>")
 	}
 

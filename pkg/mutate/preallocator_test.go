@@ -281,7 +281,7 @@ func TestDeadlineFromRequestStart(t *testing.T) {
 	}})
 	p := newPreallocator(c, false)
 	p.Timeout = time.Minute
-	call := httptest.NewRequest(http.MethodPost, "/mutate?timeout=1s", nil)
+	call := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/mutate?timeout=1s", http.NoBody)
 	ctx := WithRequestTiming(context.Background(), call)
 	time.Sleep(300 * time.Millisecond) // time spent before the handler runs counts too
 
