@@ -8,27 +8,49 @@ import (
 	"time"
 )
 
-// TestDemo runs make demo's program the way make demo-check does: up to the summary, then exit.
+// TestDemo runs make demo's program up to its table and checks what the table claims: both modes
+// ran, stock CAPM3 created every claim and the webhook none in stock, the webhook created every
+// claim and CAPM3 none with it, CAPM3 reconciled no more with the webhook than without, and every
+// Metal3Data is Ready with an address from each of its three pools.
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
 	rows, err := run(context.Background(), options{dir: t.TempDir(), exit: true, timeout: 2 * time.Minute}, &out)
+	t.Log("\n" + out.String())
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+		t.Fatal(err)
 	}
-	if len(rows) != 3 {
-		t.Fatalf("%d Metal3Data reported:\n%s", len(rows), out.String())
-	}
+	const pools = 3
+	byMode := map[string]int{}
 	for _, r := range rows {
-		if len(r.Claims) != 3 || r.ClaimsByCAPM3 != 0 || r.Reconciles == 0 {
-			t.Errorf("%+v", r)
+		byMode[r.Mode]++
+		wantCAPM3, wantWebhook := pools, 0
+		if r.Mode == modePreallocated {
+			wantCAPM3, wantWebhook = 0, pools
 		}
-		for claim, addr := range r.Claims {
-			if addr == "" || !strings.Contains(addr, "/") {
-				t.Errorf("%s: %s has no address", r.Name, claim)
+		if r.ClaimsByCAPM3 != wantCAPM3 || r.ClaimsByWebhook != wantWebhook {
+			t.Errorf("%s %s: claims created by CAPM3 %d, by the webhook %d; want %d and %d",
+				r.Mode, r.Data, r.ClaimsByCAPM3, r.ClaimsByWebhook, wantCAPM3, wantWebhook)
+		}
+		if r.ReadyAfter <= 0 || r.Reconciles.Work == 0 {
+			t.Errorf("%s %s: ready after %v, reconciles %s", r.Mode, r.Data, r.ReadyAfter, r.Reconciles.History)
+		}
+		if len(r.Addresses) != pools {
+			t.Errorf("%s %s: addresses %v, want one from each of %d pools", r.Mode, r.Data, r.Addresses, pools)
+		}
+		for pool, addr := range r.Addresses {
+			if !strings.Contains(addr, "/") {
+				t.Errorf("%s %s: pool %s gave %q", r.Mode, r.Data, pool, addr)
 			}
 		}
 	}
-	if !strings.Contains(out.String(), "CLAIMS AND ADDRESSES") {
-		t.Errorf("no summary:\n%s", out.String())
+	if byMode[modeStock] != 3 || byMode[modePreallocated] != 3 {
+		t.Errorf("Metal3Data by mode: %v, want 3 stock and 3 preallocated", byMode)
+	}
+	stock, pre := summarize(rows, modeStock), summarize(rows, modePreallocated)
+	if pre.reconciles > stock.reconciles {
+		t.Errorf("CAPM3 reconciled %d times with the webhook, %d without", pre.reconciles, stock.reconciles)
+	}
+	if !strings.Contains(out.String(), "With the webhook: ") {
+		t.Error("no comparison printed")
 	}
 }

@@ -1,6 +1,7 @@
 // Command demo runs ip-preallocator on an embedded control plane next to the real CAPM3 v1.13.2
-// Metal3Data controller and the real Metal3 IPAM v1.13.2, applies examples/, and reports for each
-// Metal3Data its claims, addresses, time to Ready and CAPM3's reconciles.
+// Metal3Data controller and the real Metal3 IPAM v1.13.2, applies examples/ once with stock CAPM3
+// (the mutating webhook not registered) and once with the webhook, and reports side by side, for
+// each Metal3Data, its time to Ready, CAPM3's reconciles, who created its claims and its addresses.
 package main
 
 import (
@@ -8,19 +9,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
-	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/metal3-community/ip-preallocator/test/harness"
 	"github.com/metal3-community/ip-preallocator/test/stack"
@@ -47,17 +44,6 @@ func main() {
 	}
 }
 
-// Row is the report of one Metal3Data.
-type Row struct {
-	Name          string
-	ReadyAfter    time.Duration
-	Reconciles    int
-	Requeues      int
-	ClaimsByCAPM3 int
-	// Claims maps a claim to its allocated address.
-	Claims map[string]string
-}
-
 func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	root, err := harness.RepoRoot()
 	if err != nil {
@@ -78,7 +64,8 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	defer logs.Close()
 
 	fmt.Fprintln(out, "Starting etcd, kube-apiserver and the ip-preallocator webhook...")
-	cp, err := harness.Start(ctx, harness.Options{Webhook: true, Dir: dir})
+	// The audit log tells when each create request arrived and whether the webhook answered it.
+	cp, err := harness.Start(ctx, harness.Options{Webhook: true, Dir: dir, AuditLog: true})
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +76,7 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	}
 	cp.Kubeconfig = kubeconfig
 
-	fmt.Fprintln(out, "Starting CAPM3 v1.13.2's Metal3Data controller and Metal3 IPAM v1.13.2 in-process...")
+	fmt.Fprintln(out, "Starting CAPM3 v1.13.2's Metal3Data controller and Metal3 IPAM v1.13.2 in-process, their caches synced...")
 	ipam, err := stack.StartIPAM(ctx, cp.Config, stack.Options{})
 	if err != nil {
 		return nil, err
@@ -100,109 +87,85 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 		return nil, err
 	}
 	defer capm3.Stop()
-
-	ready, err := stack.WatchReadiness(ctx, cp.Config)
-	if err != nil {
+	if err := capm3.WarmUp(ctx); err != nil {
+		return nil, err
+	}
+	d := &demo{cp: cp, root: root, out: out, counter: capm3.Counter, timeout: o.timeout}
+	if d.ready, err = stack.WatchReadiness(ctx, cp.Config); err != nil {
+		return nil, err
+	}
+	if d.origins, err = watchClaimOrigins(ctx, cp.Config); err != nil {
 		return nil, err
 	}
 
-	fmt.Fprintln(out, "kubectl apply -f examples/")
-	stdout, _, err := cp.Kubectl(ctx, nil, "apply", "-f", filepath.Join(root, "examples"))
-	fmt.Fprint(out, indent(stdout))
+	rows, err := d.compare(ctx)
 	if err != nil {
 		return nil, err
 	}
-	names, _, err := cp.Kubectl(ctx, nil, "get", "-f", filepath.Join(root, "examples", "30-metal3data.yaml"), "-o", "name")
-	if err != nil {
-		return nil, err
-	}
-	want := len(strings.Fields(names))
-
-	deadline := time.After(o.timeout)
-	for len(ready.ReadyIn("")) < want {
-		select {
-		case <-ready.News:
-		case <-deadline:
-			return nil, fmt.Errorf("only %d of %d Metal3Data became Ready within %v; see %s", len(ready.ReadyIn("")), want, o.timeout, dir)
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-	// CAPM3's reconcile that follows its own status update finishes after Ready is observed.
-	time.Sleep(time.Second)
-	rows, err := report(ctx, cp.Client, capm3.Counter, ready)
-	if err != nil {
-		return nil, err
-	}
-	printRows(out, rows)
 	if o.exit {
 		return rows, nil
 	}
-
-	fmt.Fprintf(out, "\nThe control plane keeps running. Try:\n  kubectl --kubeconfig %s get metal3datas,ipclaims,ipaddresses -A\n", kubeconfig)
-	fmt.Fprintf(out, "  kubectl --kubeconfig %s apply -f examples/more/\nNew Metal3Data are reported when Ready. Interrupt to stop.\n", kubeconfig)
-	for {
-		select {
-		case <-ctx.Done():
-			return rows, nil
-		case key := <-ready.News:
-			more, err := report(ctx, cp.Client, capm3.Counter, ready)
-			if err != nil {
-				return rows, err
-			}
-			printRows(out, slices.DeleteFunc(more, func(r Row) bool { return r.Name != key.String() }))
-		}
+	// Relative to the repository, like examples/more/: make demo runs from there.
+	if rel, err := filepath.Rel(root, kubeconfig); err == nil && !strings.HasPrefix(rel, "..") {
+		kubeconfig = rel
 	}
+	fmt.Fprintf(out, "\nThe control plane keeps running, with the webhook registered. Try:\n  kubectl --kubeconfig %s get metal3datas,ipclaims,ipaddresses -A\n", kubeconfig)
+	fmt.Fprintf(out, "  kubectl --kubeconfig %s apply -n %s -f examples/more/\nNew Metal3Data are reported when Ready. Interrupt to stop.\n",
+		kubeconfig, preallocatedNamespace)
+	return rows, d.reportNew(ctx, rows)
 }
 
-func report(ctx context.Context, c client.Client, counter *stack.Counter, ready *stack.Readiness) ([]Row, error) {
-	var rows []Row
-	for key, at := range ready.ReadyIn("") {
-		seen, _ := ready.Seen(key)
-		stats := counter.Of(key)
-		row := Row{Name: key.String(), ReadyAfter: at.Sub(seen), Reconciles: stats.Reconciles, Requeues: stats.Requeues,
-			ClaimsByCAPM3: stats.ClaimsCreated, Claims: map[string]string{}}
-		claims := &ipamv1.IPClaimList{}
-		if err := c.List(ctx, claims, client.InNamespace(key.Namespace)); err != nil {
+// compare runs examples/ in every mode, prints the table and the comparison, and leaves the
+// webhook registered.
+func (d *demo) compare(ctx context.Context) ([]Row, error) {
+	var keys []types.NamespacedName
+	for _, m := range modes {
+		k, err := d.runMode(ctx, m)
+		if err != nil {
 			return nil, err
 		}
-		for _, claim := range claims.Items {
-			if !ownedBy(claim.OwnerReferences, key.Name) || claim.Status.Address == nil {
-				continue
-			}
-			addr := &ipamv1.IPAddress{}
-			if err := c.Get(ctx, client.ObjectKey{Namespace: key.Namespace, Name: claim.Status.Address.Name}, addr); err != nil {
-				return nil, err
-			}
-			row.Claims["IPClaim/"+claim.Name] = fmt.Sprintf("%s/%d", addr.Spec.Address, addr.Spec.Prefix)
-		}
-		rows = append(rows, row)
+		keys = append(keys, k...)
 	}
-	slices.SortFunc(rows, func(a, b Row) int { return strings.Compare(a.Name, b.Name) })
+	if err := d.setWebhook(ctx, preallocatedNamespace, true); err != nil {
+		return nil, err
+	}
+	rows, err := d.rows(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	// The baseline first, then what the webhook changes.
+	display := []string{modeStock, modePreallocated}
+	slices.SortStableFunc(rows, func(a, b Row) int { return slices.Index(display, a.Mode) - slices.Index(display, b.Mode) })
+	fmt.Fprintln(d.out)
+	printTable(d.out, rows)
+	fmt.Fprintln(d.out, wrap(legend))
+	printComparison(d.out, rows)
 	return rows, nil
 }
 
-func ownedBy(refs []metav1.OwnerReference, name string) bool {
-	return slices.ContainsFunc(refs, func(r metav1.OwnerReference) bool { return r.Kind == "Metal3Data" && r.Name == name })
-}
-
-func printRows(out io.Writer, rows []Row) {
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "\nMETAL3DATA\tREADY AFTER\tCAPM3 RECONCILES\tREQUEUES\tCLAIMS BY CAPM3\tCLAIMS AND ADDRESSES")
-	for _, r := range rows {
-		var claims []string
-		for _, name := range slices.Sorted(maps.Keys(r.Claims)) {
-			claims = append(claims, name+"="+r.Claims[name])
+// reportNew reports each Metal3Data that becomes Ready from now on, until ctx ends.
+func (d *demo) reportNew(ctx context.Context, reported []Row) error {
+	done := map[types.NamespacedName]bool{}
+	for _, r := range reported {
+		done[r.Data] = true
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case key := <-d.ready.News:
+			if done[key] {
+				continue
+			}
+			done[key] = true
+			// Let CAPM3's reconcile woken by its own status update be counted.
+			time.Sleep(settle)
+			rows, err := d.rows(ctx, []types.NamespacedName{key})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(d.out)
+			printTable(d.out, rows)
 		}
-		fmt.Fprintf(w, "%s\t%v\t%d\t%d\t%d\t%s\n", r.Name, r.ReadyAfter.Round(time.Millisecond), r.Reconciles, r.Requeues,
-			r.ClaimsByCAPM3, strings.Join(claims, " "))
 	}
-	w.Flush()
-}
-
-func indent(s string) string {
-	if s == "" {
-		return ""
-	}
-	return "  " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n  ") + "\n"
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 const auditPolicy = `apiVersion: audit.k8s.io/v1
@@ -33,7 +35,7 @@ func (cp *ControlPlane) configureAudit() error {
 // AuditLogPath is where kube-apiserver writes its audit log when Options.AuditLog is set.
 func (cp *ControlPlane) AuditLogPath() string { return filepath.Join(cp.Dir, "audit.log") }
 
-// AuditEvent is what the benchmarks read of an audit event.
+// AuditEvent is what the benchmarks and the demo read of an audit event.
 type AuditEvent struct {
 	Verb      string `json:"verb"`
 	Stage     string `json:"stage"`
@@ -44,7 +46,17 @@ type AuditEvent struct {
 	ObjectRef struct {
 		Resource    string `json:"resource"`
 		Subresource string `json:"subresource"`
+		Namespace   string `json:"namespace"`
+		// Name is filled for a create too, from the request's object.
+		Name string `json:"name"`
 	} `json:"objectRef"`
+	ResponseStatus struct {
+		Code int `json:"code"`
+	} `json:"responseStatus"`
+	RequestReceivedTimestamp metav1.MicroTime `json:"requestReceivedTimestamp"`
+	// Annotations include, for a create, one mutation.webhook.admission.k8s.io/ entry per mutating
+	// webhook that answered.
+	Annotations map[string]string `json:"annotations"`
 }
 
 // AuditOffset is the current size of the audit log: events after it are read by AuditSince.
