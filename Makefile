@@ -64,6 +64,10 @@ demo: tools ## Run the webhook with CAPM3 and the Metal3 IPAM on an embedded con
 bench: tools ## Measure preallocated against stock CAPM3; writes bench/results/ (see docs/benchmarks.md).
 	cd test && go run ./bench $(BENCH_ARGS)
 
+.PHONY: faults
+faults: tools ## Run the fault suite at full size (about 20 minutes); writes docs/reliability.md.
+	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md go test -count=1 -v -timeout 60m ./faults
+
 .PHONY: build
 build: ## Build the webhook binary into bin/.
 	go build -o $(BIN)/webhook ./cmd/webhook

@@ -59,6 +59,13 @@ type Options struct {
 	// AuditLog makes kube-apiserver log every request's metadata to AuditLogPath, for counting
 	// requests by client.
 	AuditLog bool
+	// NamespaceController runs kube-controller-manager with the namespace controller next to the
+	// garbage collector, so that a deleted namespace is emptied and removed as in a cluster.
+	NamespaceController bool
+	// WebhookReplicas, when above zero and Webhook is set, runs that many webhook processes
+	// under leader election behind a loopback load balancer (ControlPlane.Replicas) instead of
+	// the single webhook process.
+	WebhookReplicas int
 }
 
 // ControlPlane is a running control plane.
@@ -80,6 +87,8 @@ type ControlPlane struct {
 	controllerManager  *Process
 	inClusterIPAM      *Process
 	validatingWebhooks []*admissionv1.ValidatingWebhookConfiguration
+	// Replicas are the webhook processes when Options.WebhookReplicas is set.
+	Replicas *Replicas
 }
 
 // Start brings the control plane up; Stop tears it down.
@@ -148,7 +157,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 
-	if opts.GarbageCollector {
+	if opts.GarbageCollector || opts.NamespaceController {
 		if err := cp.startControllerManager(ctx); err != nil {
 			return nil, err
 		}
@@ -157,7 +166,11 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		if err := cp.installRBAC(ctx); err != nil {
 			return nil, err
 		}
-		if err := cp.StartWebhook(ctx); err != nil {
+		if opts.WebhookReplicas > 0 {
+			if cp.Replicas, err = cp.StartReplicas(ctx, opts.WebhookReplicas); err != nil {
+				return nil, err
+			}
+		} else if err := cp.StartWebhook(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -167,6 +180,9 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 // Stop ends every process the control plane started.
 func (cp *ControlPlane) Stop() {
 	cp.StopWebhook()
+	if cp.Replicas != nil {
+		cp.Replicas.Stop()
+	}
 	cp.StopInClusterIPAM()
 	if cp.controllerManager != nil {
 		cp.controllerManager.Stop()
@@ -342,12 +358,16 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context) error {
 		return err
 	}
 	_, port, _ := net.SplitHostPort(addr)
+	controllers := "garbagecollector"
+	if cp.opts.NamespaceController {
+		controllers = "garbage-collector-controller,namespace-controller"
+	}
 	cp.controllerManager, err = StartProcess(ctx, filepath.Join(cp.Dir, "kube-controller-manager.log"),
 		filepath.Join(cp.Root, "bin", "kube-controller-manager"), nil,
 		"--kubeconfig="+cp.Kubeconfig,
 		"--authentication-kubeconfig="+cp.Kubeconfig,
 		"--authorization-kubeconfig="+cp.Kubeconfig,
-		"--controllers=garbagecollector",
+		"--controllers="+controllers,
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1",
 		"--secure-port="+port,
@@ -416,22 +436,8 @@ func WebhookBinary(root string) (string, error) {
 // StartWebhook runs bin/webhook on the port the webhook configurations point at, as the service
 // account of config/rbac, and waits until it is ready.
 func (cp *ControlPlane) StartWebhook(ctx context.Context, extraArgs ...string) error {
-	if cp.webhookKubeconfig == "" {
-		ns, name := cp.ServiceAccount()
-		user, err := cp.Env.ControlPlane.AddUser(envtest.User{
-			Name:   "system:serviceaccount:" + ns + ":" + name,
-			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
-		}, nil)
-		if err != nil {
-			return err
-		}
-		data, err := user.KubeConfig()
-		if err != nil {
-			return err
-		}
-		if cp.webhookKubeconfig, err = cp.writeKubeconfig("webhook.kubeconfig", data); err != nil {
-			return err
-		}
+	if _, err := cp.WebhookKubeconfig(); err != nil {
+		return err
 	}
 	bin, err := WebhookBinary(cp.Root)
 	if err != nil {

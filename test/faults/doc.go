@@ -1,0 +1,11 @@
+// Package faults is the fault suite of ip-preallocator: it runs the real control plane
+// (kube-apiserver, etcd, kube-controller-manager with the garbage collector and the namespace
+// controller), the real CAPM3 Metal3Data controller and Metal3 IPAM in-process, the Cluster API
+// in-cluster IPAM provider, and two webhook replicas under leader election behind a load balancer,
+// injects faults while streams of Metal3Data are admitted, and checks afterwards that CAPM3 was
+// never blocked and no claim was stranded.
+//
+// `go test ./faults` runs a quick version of every scenario; FAULTS_FULL=1 selects the full sizes,
+// and FAULTS_REPORT=<file> writes the measured figures as Markdown (`make faults` does both and
+// writes docs/reliability.md).
+package faults

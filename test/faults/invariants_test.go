@@ -1,0 +1,433 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+)
+
+// namedCount is a figure with a name, and what it counted (the first of them, as evidence).
+type namedCount struct {
+	name     string
+	n        int64
+	evidence []string
+}
+
+const maxEvidence = 12
+
+func (c *namedCount) add(format string, args ...any) {
+	c.n++
+	if len(c.evidence) < maxEvidence {
+		c.evidence = append(c.evidence, fmt.Sprintf(format, args...))
+	}
+}
+
+// The invariants, each a count that must be 0.
+const (
+	invNotReady         = "stored Metal3Data not Ready with addresses rendered"
+	invNoOwner          = "claims without an owner"
+	invTerminating      = "claims Terminating"
+	invOrphanAddress    = "IPAddresses whose claim is gone"
+	invDoubleAllocation = "addresses allocated twice"
+	invCAPM3Claims      = "claims created by CAPM3 while the webhook was up"
+	invUnanswered       = "admissions the webhook did not answer, no fault injected"
+	invNamespaces       = "namespaces not deleted within 30 s"
+)
+
+// checkResult is one evaluation of the invariants over a scenario's namespaces.
+type checkResult struct {
+	counts []namedCount
+	// info are figures that may be non-zero: claims CAPM3 created for Metal3Data admitted while
+	// the webhook was down, admissions left unanswered while a replica was down.
+	info []namedCount
+}
+
+func (r checkResult) ok() bool {
+	for _, c := range r.counts {
+		if c.n != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (r checkResult) summary() string {
+	var parts []string
+	for _, c := range r.counts {
+		parts = append(parts, fmt.Sprintf("%s: %d", c.name, c.n))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// namespaceState is everything the checks read of one namespace.
+type namespaceState struct {
+	datas       []infrav1.Metal3Data
+	ipClaims    []ipamv1.IPClaim
+	addrClaims  []capipamv1.IPAddressClaim
+	m3Addresses []ipamv1.IPAddress
+	addresses   []capipamv1.IPAddress
+	secrets     map[string]corev1.Secret
+}
+
+func readNamespace(ctx context.Context, ns string) (*namespaceState, error) {
+	s := &namespaceState{secrets: map[string]corev1.Secret{}}
+	datas, ipClaims, addrClaims := &infrav1.Metal3DataList{}, &ipamv1.IPClaimList{}, &capipamv1.IPAddressClaimList{}
+	m3Addresses, addresses, secrets := &ipamv1.IPAddressList{}, &capipamv1.IPAddressList{}, &corev1.SecretList{}
+	for _, list := range []client.ObjectList{datas, ipClaims, addrClaims, m3Addresses, addresses, secrets} {
+		if err := cp.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+			return nil, err
+		}
+	}
+	s.datas, s.ipClaims, s.addrClaims = datas.Items, ipClaims.Items, addrClaims.Items
+	s.m3Addresses, s.addresses = m3Addresses.Items, addresses.Items
+	for _, secret := range secrets.Items {
+		s.secrets[secret.Name] = secret
+	}
+	return s, nil
+}
+
+// claim is what the checks need of either kind of claim.
+type claim struct {
+	kind        string
+	obj         client.Object
+	addressName string
+	address     string
+}
+
+func (s *namespaceState) claims() map[string]*claim {
+	out := map[string]*claim{}
+	addr := map[string]string{}
+	for _, a := range s.m3Addresses {
+		addr["IPClaim/"+a.Name] = string(a.Spec.Address)
+	}
+	for _, a := range s.addresses {
+		addr["IPAddressClaim/"+a.Name] = a.Spec.Address
+	}
+	for i := range s.ipClaims {
+		c := &s.ipClaims[i]
+		cl := &claim{kind: "IPClaim", obj: c}
+		if c.Status.Address != nil {
+			cl.addressName = c.Status.Address.Name
+			cl.address = addr["IPClaim/"+cl.addressName]
+		}
+		out[cl.kind+"/"+c.Name] = cl
+	}
+	for i := range s.addrClaims {
+		c := &s.addrClaims[i]
+		cl := &claim{kind: "IPAddressClaim", obj: c, addressName: c.Status.AddressRef.Name}
+		if cl.addressName != "" {
+			cl.address = addr["IPAddressClaim/"+cl.addressName]
+		}
+		out[cl.kind+"/"+c.Name] = cl
+	}
+	return out
+}
+
+func claimKind(pool string) string {
+	if pool == fixtures.ExternalPool {
+		return "IPAddressClaim"
+	}
+	return "IPClaim"
+}
+
+func describe(obj client.Object) string {
+	s := fmt.Sprintf("%s/%s uid=%s owners=[", obj.GetNamespace(), obj.GetName(), obj.GetUID())
+	for i, ref := range obj.GetOwnerReferences() {
+		if i > 0 {
+			s += ","
+		}
+		s += ref.Kind + "/" + ref.Name + "@" + string(ref.UID)
+	}
+	s += fmt.Sprintf("] finalizers=%v annotations=%v", obj.GetFinalizers(), obj.GetAnnotations())
+	if ts := obj.GetDeletionTimestamp(); ts != nil {
+		s += fmt.Sprintf(" deleting since %s (%v ago)", ts.Format(time.RFC3339), time.Since(ts.Time).Round(time.Second))
+	}
+	return s
+}
+
+// check evaluates the invariants over the scenario's namespaces, and over every claim CAPM3 ever
+// created in them.
+func (sc *scenario) check(ctx context.Context) (checkResult, error) {
+	notReady := namedCount{name: invNotReady}
+	noOwner := namedCount{name: invNoOwner}
+	terminating := namedCount{name: invTerminating}
+	orphans := namedCount{name: invOrphanAddress}
+	double := namedCount{name: invDoubleAllocation}
+	capm3Up := namedCount{name: invCAPM3Claims}
+	capm3Recorded := namedCount{name: "of the claims CAPM3 created while the webhook was up: recorded by the webhook"}
+	capm3Warned := namedCount{name: "of the claims CAPM3 created while the webhook was up: left to CAPM3 with a warning"}
+	capm3Down := namedCount{name: "claims created by CAPM3 while the webhook was down"}
+	unanswered := namedCount{name: invUnanswered}
+	unansweredInfo := namedCount{name: "admissions the webhook did not answer (a replica or its API was faulted)"}
+
+	for _, ns := range sc.namespaces {
+		s, err := readNamespace(ctx, ns)
+		if err != nil {
+			return checkResult{}, err
+		}
+		claims := s.claims()
+		live := map[types.UID]bool{}
+		for _, d := range s.datas {
+			if d.DeletionTimestamp.IsZero() {
+				live[d.UID] = true
+			}
+		}
+		for i := range s.datas {
+			d := &s.datas[i]
+			if problem := renderedProblem(d, s, claims, sc.pools[ns]); problem != "" {
+				notReady.add("Metal3Data %s: %s", describe(d), problem)
+			}
+		}
+		for _, cl := range claims {
+			if cl.obj.GetDeletionTimestamp() != nil {
+				terminating.add("%s %s", cl.kind, describe(cl.obj))
+				continue
+			}
+			owned := false
+			for _, ref := range cl.obj.GetOwnerReferences() {
+				if ref.Kind == "Metal3Data" && live[ref.UID] {
+					owned = true
+				}
+			}
+			if !owned {
+				noOwner.add("%s %s", cl.kind, describe(cl.obj))
+			}
+		}
+		byAddress := map[string][]string{}
+		for _, cl := range claims {
+			if cl.addressName != "" {
+				byAddress[cl.kind+"/"+cl.addressName] = append(byAddress[cl.kind+"/"+cl.addressName], cl.obj.GetName())
+			}
+		}
+		// A claim's address must be held for that claim: an IPAddress that names another claim
+		// was handed out twice.
+		holder := map[string]string{}
+		for _, a := range s.m3Addresses {
+			holder["IPClaim/"+a.Name] = a.Spec.Claim.Name
+		}
+		for _, a := range s.addresses {
+			holder["IPAddressClaim/"+a.Name] = a.Spec.ClaimRef.Name
+		}
+		for _, cl := range claims {
+			if h, ok := holder[cl.kind+"/"+cl.addressName]; ok && cl.addressName != "" && h != cl.obj.GetName() {
+				double.add("%s: %s %s has address %s (%s), which is held for claim %s", ns, cl.kind, cl.obj.GetName(), cl.addressName, cl.address, h)
+			}
+		}
+		values := map[string][]string{}
+		for _, a := range s.m3Addresses {
+			if _, ok := claims["IPClaim/"+a.Spec.Claim.Name]; !ok {
+				orphans.add("IPAddress %s/%s (%s) of claim %s", ns, a.Name, a.Spec.Address, a.Spec.Claim.Name)
+			}
+			key := "ipam.metal3.io/" + a.Spec.Pool.Name + "/" + string(a.Spec.Address)
+			values[key] = append(values[key], a.Name)
+		}
+		for _, a := range s.addresses {
+			if _, ok := claims["IPAddressClaim/"+a.Spec.ClaimRef.Name]; !ok {
+				orphans.add("IPAddress.ipam.cluster.x-k8s.io %s/%s (%s) of claim %s", ns, a.Name, a.Spec.Address, a.Spec.ClaimRef.Name)
+			}
+			key := "ipam.cluster.x-k8s.io/" + a.Spec.PoolRef.Name + "/" + a.Spec.Address
+			values[key] = append(values[key], a.Name)
+		}
+		for key, names := range byAddress {
+			if len(names) > 1 {
+				sort.Strings(names)
+				double.add("%s: address %s is the address of claims %v", ns, key, names)
+			}
+		}
+		for key, names := range values {
+			if len(names) > 1 {
+				double.add("%s: %s is held by IPAddresses %v", ns, key, names)
+			}
+		}
+	}
+
+	byUID := map[types.UID]admission{}
+	for _, a := range sc.stored() {
+		byUID[a.uid] = a
+		if !a.answered() {
+			if sc.webhookFaults {
+				unansweredInfo.add("%s", a)
+			} else {
+				unanswered.add("%s", a)
+			}
+		}
+	}
+	for _, rec := range recorder.in(sc.namespaces) {
+		if !rec.createdByCAPM3() {
+			continue
+		}
+		a, ok := byUID[rec.owner]
+		switch {
+		case !ok:
+			capm3Up.add("%s for a Metal3Data the suite did not admit (owner uid %s)", rec, rec.owner)
+		case a.answered():
+			capm3Up.add("%s for %s", rec, a)
+			switch {
+			case slices.Contains(a.recorded, rec.kind+"/"+rec.name):
+				capm3Recorded.add("%s", rec)
+			case slices.ContainsFunc(a.warnings, func(w string) bool { return strings.Contains(w, " "+rec.name+" ") }):
+				capm3Warned.add("%s", rec)
+			}
+		default:
+			capm3Down.add("%s for %s", rec, a)
+		}
+	}
+	return checkResult{
+		counts: []namedCount{notReady, noOwner, terminating, orphans, double, capm3Up, unanswered},
+		info:   []namedCount{capm3Recorded, capm3Warned, capm3Down, unansweredInfo},
+	}, nil
+}
+
+// renderedProblem says what is wrong with a stored Metal3Data, or "" when it is Ready and CAPM3
+// rendered the addresses of its claims, one per pool, each owned by it.
+func renderedProblem(d *infrav1.Metal3Data, s *namespaceState, claims map[string]*claim, pools []string) string {
+	if !d.DeletionTimestamp.IsZero() {
+		return "still being deleted"
+	}
+	if d.Status.Ready == nil || !*d.Status.Ready {
+		msg := "not Ready"
+		if d.Status.ErrorMessage != "" {
+			msg += ": " + d.Status.ErrorMessage
+		}
+		return msg
+	}
+	rendered := ""
+	if d.Spec.Claim != nil {
+		for _, suffix := range []string{"-metadata", "-networkdata"} {
+			for _, v := range s.secrets[d.Spec.Claim.Name+suffix].Data {
+				rendered += string(v)
+			}
+		}
+	}
+	var problems []string
+	for _, pool := range pools {
+		cl, ok := claims[claimKind(pool)+"/"+d.Name+"-"+pool]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("claim of pool %s is missing", pool))
+		case ownerOf(cl.obj) != d.UID:
+			problems = append(problems, fmt.Sprintf("claim %s is not owned by it", cl.obj.GetName()))
+		case cl.address == "":
+			problems = append(problems, fmt.Sprintf("claim %s has no address", cl.obj.GetName()))
+		case !strings.Contains(rendered, cl.address):
+			problems = append(problems, fmt.Sprintf("address %s of claim %s is not rendered", cl.address, cl.obj.GetName()))
+		}
+	}
+	return strings.Join(problems, "; ")
+}
+
+func ownerOf(obj client.Object) types.UID {
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.Kind == "Metal3Data" {
+			return ref.UID
+		}
+	}
+	return ""
+}
+
+// settle waits for the grace period after the scenario's last activity and checks the
+// invariants until all hold; they must hold by the grace period plus 30 s. The full run checks
+// once more at that moment, so that nothing the grace period decides (a release) comes later.
+func (sc *scenario) settle(ctx context.Context) checkResult {
+	sc.mu.Lock()
+	last := sc.lastActivity
+	sc.mu.Unlock()
+	deadline := last.Add(gracePeriod + settleAfterGrace)
+	sleepUntil(ctx, last.Add(gracePeriod+2*time.Second))
+	var res checkResult
+	for {
+		var err error
+		res, err = sc.check(ctx)
+		if err != nil {
+			sc.t.Logf("check: %v", err)
+		} else if res.ok() {
+			sc.figure("invariants held %v after the last activity", time.Since(last).Round(100*time.Millisecond))
+			if size.name == "full" {
+				sleepUntil(ctx, deadline)
+				if res, err = sc.check(ctx); err == nil {
+					return res
+				}
+			}
+			return res
+		}
+		if time.Now().After(deadline) {
+			sc.figure("invariants did not hold %v after the last activity", time.Since(last).Round(100*time.Millisecond))
+			return res
+		}
+		sleepUntil(ctx, time.Now().Add(2*time.Second))
+	}
+}
+
+func sleepUntil(ctx context.Context, t time.Time) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Until(t)):
+	}
+}
+
+// deleteNamespaces deletes the scenario's namespaces that still exist, at once, and counts those
+// not gone within namespaceDeadline; for those it reports what the namespace controller says is
+// left, and waits a while longer to tell slow from stuck.
+func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
+	late := namedCount{name: invNamespaces}
+	type result struct {
+		ns   string
+		took time.Duration
+		err  error
+	}
+	results := make(chan result, len(sc.namespaces))
+	for _, ns := range sc.namespaces {
+		go func() {
+			obj := &corev1.Namespace{}
+			obj.Name = ns
+			start := time.Now()
+			if err := cp.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+				results <- result{ns: ns, err: err}
+				return
+			}
+			// A namespace deleted earlier by the scenario is timed from its deletion.
+			if err := cp.Client.Get(ctx, client.ObjectKey{Name: ns}, obj); err == nil && obj.DeletionTimestamp != nil {
+				start = obj.DeletionTimestamp.Time
+			}
+			err := waitGone(ctx, obj, namespaceDeadline+30*time.Second-time.Since(start))
+			results <- result{ns: ns, took: time.Since(start), err: err}
+		}()
+	}
+	var longest time.Duration
+	for range sc.namespaces {
+		r := <-results
+		longest = max(longest, r.took)
+		if r.err != nil || r.took > namespaceDeadline {
+			late.add("namespace %s: %v after deletion: %v%s", r.ns, r.took.Round(100*time.Millisecond), r.err, namespaceConditions(ctx, r.ns))
+		}
+	}
+	sc.figure("%d namespaces deleted, the slowest in %v", len(sc.namespaces), longest.Round(100*time.Millisecond))
+	return late
+}
+
+func namespaceConditions(ctx context.Context, ns string) string {
+	obj := &corev1.Namespace{}
+	if err := cp.Client.Get(ctx, client.ObjectKey{Name: ns}, obj); err != nil {
+		return ""
+	}
+	var out []string
+	for _, c := range obj.Status.Conditions {
+		if c.Status == corev1.ConditionTrue {
+			out = append(out, c.Message)
+		}
+	}
+	return "; namespace controller: " + strings.Join(out, "; ")
+}

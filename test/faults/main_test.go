@@ -1,0 +1,168 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+	"github.com/metal3-community/ip-preallocator/test/harness"
+	"github.com/metal3-community/ip-preallocator/test/stack"
+)
+
+// gracePeriod is the replicas' --release-grace-period: short, so that "the grace period plus
+// 30 s" after a scenario stays short.
+const gracePeriod = 10 * time.Second
+
+// settleAfterGrace is how long after the grace period every invariant must hold.
+const settleAfterGrace = 30 * time.Second
+
+// namespaceDeadline is how long a deleted namespace may take to disappear.
+const namespaceDeadline = 30 * time.Second
+
+var (
+	cp *harness.ControlPlane
+	// capm3 counts what CAPM3 did; the suite reads claim creators from the claims themselves.
+	capm3    *stack.CAPM3
+	recorder *claimRecorder
+	size     sizes
+	report   = &suiteReport{}
+	logDir   string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	size = chooseSizes()
+	dir, err := os.MkdirTemp("", "ip-preallocator-faults-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	logDir = dir
+	if _, err := harness.LogControllersTo(filepath.Join(dir, "controllers.log")); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	start := time.Now()
+	if err := setUp(ctx, dir); err != nil {
+		fmt.Fprintln(os.Stderr, "starting the fault suite's control plane:", err, "- logs in", dir)
+		if cp != nil {
+			cp.Stop()
+		}
+		return 1
+	}
+	report.setUp = time.Since(start)
+	fmt.Printf("fault suite (%s sizes): control plane, CAPM3, IPAMs and %d webhook replicas up in %v; logs in %s\n",
+		size.name, cp.Replicas.Len(), report.setUp.Round(time.Millisecond), dir)
+	code := m.Run()
+	if path := os.Getenv("FAULTS_REPORT"); path != "" {
+		if err := report.write(path, size, code == 0); err != nil {
+			fmt.Fprintln(os.Stderr, "writing the report:", err)
+			code = 1
+		} else {
+			fmt.Println("wrote", path)
+		}
+	}
+	if code != 0 {
+		fmt.Fprintln(os.Stderr, "logs of the replicas, the control plane and the controllers are in", dir)
+	}
+	cancel()
+	cp.Stop()
+	return code
+}
+
+func setUp(ctx context.Context, dir string) error {
+	var err error
+	cp, err = harness.Start(ctx, harness.Options{
+		Dir:                 dir,
+		GarbageCollector:    true,
+		NamespaceController: true,
+		Webhook:             true,
+		WebhookReplicas:     2,
+		WebhookArgs:         []string{"--release-grace-period=" + gracePeriod.String()},
+	})
+	if err != nil {
+		return err
+	}
+	// A replica that exits on its own (lost leadership under API faults, say) comes back as the
+	// kubelet would bring it back.
+	cp.Replicas.Supervise(ctx, time.Second)
+	if err := cp.StartInClusterIPAM(ctx); err != nil {
+		return err
+	}
+	// CAPM3's and the IPAM's client limits are raised: the suite checks correctness, and at their
+	// defaults the controllers would take minutes to work through the larger scenarios.
+	opts := stack.Options{QPS: 500, Burst: 1000}
+	if _, err := stack.StartIPAM(ctx, cp.Config, opts); err != nil {
+		return err
+	}
+	if capm3, err = stack.StartCAPM3(ctx, cp.Config, opts); err != nil {
+		return err
+	}
+	if err := startTemplateStandIn(ctx, cp.Config); err != nil {
+		return err
+	}
+	if recorder, err = startClaimRecorder(ctx, cp.Config); err != nil {
+		return err
+	}
+	return installGate(ctx)
+}
+
+// sizes are the scenario sizes of one run.
+type sizes struct {
+	name string
+	// trials is how many times each scenario runs, on fresh namespaces.
+	trials int
+	// kills: Metal3Data streamed and SIGKILLs sent meanwhile.
+	killData, kills int
+	// gate: Metal3Data streamed, of which a share is rejected after our mutation.
+	gateData int
+	// recreate: names deleted and recreated, and how many times.
+	recreateNames, recreateRounds int
+	// namespaces: namespaces deleted while claims wait, machines in each, and Metal3Data whose
+	// waiting claims are deleted by hand.
+	deletedNamespaces, machinesPerNamespace, handDeleted int
+	// apiFaults: Metal3Data streamed while the replicas' API requests meet faults.
+	apiFaultData int
+	// concurrent: Metal3Data created at once.
+	concurrentData int
+}
+
+func chooseSizes() sizes {
+	s := sizes{
+		name: "quick", trials: 1,
+		killData: 40, kills: 6,
+		gateData:      20,
+		recreateNames: 4, recreateRounds: 3,
+		deletedNamespaces: 2, machinesPerNamespace: 6, handDeleted: 8,
+		apiFaultData:   30,
+		concurrentData: 100,
+	}
+	if os.Getenv("FAULTS_FULL") != "" {
+		s = sizes{
+			name: "full", trials: 1,
+			killData: 220, kills: 24,
+			gateData:      200,
+			recreateNames: 20, recreateRounds: 8,
+			deletedNamespaces: 8, machinesPerNamespace: 15, handDeleted: 40,
+			apiFaultData:   200,
+			concurrentData: 1000,
+		}
+	}
+	if n, err := strconv.Atoi(os.Getenv("FAULTS_TRIALS")); err == nil && n > 0 {
+		s.trials = n
+	}
+	return s
+}
+
+// threePools are the pools of template(false).
+var threePools = []string{fixtures.ProvisioningPool, fixtures.BaremetalPool, fixtures.ExternalPool}

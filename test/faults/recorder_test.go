@@ -1,0 +1,120 @@
+package faults
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/test/stack"
+)
+
+// claimRecord is a claim as first seen: who created it, and for whom.
+type claimRecord struct {
+	kind, namespace, name string
+	uid                   types.UID
+	// creator is the field manager that set the claim's spec, that is, the client that created
+	// it: the webhook binary, CAPM3, or the suite.
+	creator string
+	// owner is the UID of the Metal3Data the claim was owned by when first seen (CAPM3 creates
+	// claims with it; ours get it at hand-over).
+	owner types.UID
+	// preallocatedFor is our annotation as first seen.
+	preallocatedFor string
+}
+
+func (r claimRecord) String() string {
+	return r.kind + " " + r.namespace + "/" + r.name + " (uid " + string(r.uid) + ")"
+}
+
+// createdByCAPM3 tells a claim CAPM3 created: its client's user agent is its field manager.
+func (r claimRecord) createdByCAPM3() bool { return r.creator == stack.CAPM3UserAgent }
+
+// claimRecorder watches every claim from its creation on and remembers its creator, so that
+// claims CAPM3 created and that are gone by the checks still count.
+type claimRecorder struct {
+	mu      sync.Mutex
+	records map[types.UID]claimRecord
+}
+
+func startClaimRecorder(ctx context.Context, cfg *rest.Config) (*claimRecorder, error) {
+	r := &claimRecorder{records: map[types.UID]claimRecord{}}
+	c, err := cache.New(cfg, cache.Options{Scheme: fixtures.Scheme()})
+	if err != nil {
+		return nil, err
+	}
+	for _, obj := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
+		informer, err := c.GetInformer(ctx, obj)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    r.observe,
+			UpdateFunc: func(_, obj any) { r.observe(obj) },
+		}); err != nil {
+			return nil, err
+		}
+	}
+	go func() { _ = c.Start(ctx) }()
+	c.WaitForCacheSync(ctx)
+	return r, nil
+}
+
+func (r *claimRecorder) observe(obj any) {
+	o, ok := obj.(client.Object)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, seen := r.records[o.GetUID()]; seen {
+		return
+	}
+	rec := claimRecord{
+		namespace: o.GetNamespace(), name: o.GetName(), uid: o.GetUID(),
+		preallocatedFor: o.GetAnnotations()[allocation.PreallocatedForAnnotation],
+	}
+	switch o.(type) {
+	case *ipamv1.IPClaim:
+		rec.kind = "IPClaim"
+	default:
+		rec.kind = "IPAddressClaim"
+	}
+	for _, ref := range o.GetOwnerReferences() {
+		if ref.Kind == "Metal3Data" {
+			rec.owner = ref.UID
+		}
+	}
+	for _, f := range o.GetManagedFields() {
+		if f.FieldsV1 != nil && strings.Contains(string(f.FieldsV1.Raw), `"f:spec"`) {
+			rec.creator = f.Manager
+		}
+	}
+	r.records[o.GetUID()] = rec
+}
+
+// in returns the claims ever seen in the namespaces.
+func (r *claimRecorder) in(namespaces []string) []claimRecord {
+	set := map[string]bool{}
+	for _, ns := range namespaces {
+		set[ns] = true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []claimRecord
+	for _, rec := range r.records {
+		if set[rec.namespace] {
+			out = append(out, rec)
+		}
+	}
+	return out
+}

@@ -1,0 +1,285 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// scenarioResult sums a scenario's trials.
+type scenarioResult struct {
+	name, title string
+	trials      int
+	faults      []namedCount
+	admitted    int
+	attempts    int
+	counts      []namedCount
+	info        []namedCount
+	figures     []string
+	duration    time.Duration
+}
+
+type suiteReport struct {
+	mu      sync.Mutex
+	setUp   time.Duration
+	results []*scenarioResult
+}
+
+func sumInto(dst *[]namedCount, src []namedCount) {
+	for _, c := range src {
+		found := false
+		for i := range *dst {
+			if (*dst)[i].name == c.name {
+				(*dst)[i].n += c.n
+				(*dst)[i].evidence = append((*dst)[i].evidence, c.evidence...)
+				found = true
+			}
+		}
+		if !found {
+			*dst = append(*dst, namedCount{name: c.name, n: c.n, evidence: append([]string(nil), c.evidence...)})
+		}
+	}
+}
+
+func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount, took time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var res *scenarioResult
+	for _, x := range r.results {
+		if x.name == sc.name {
+			res = x
+		}
+	}
+	if res == nil {
+		res = &scenarioResult{name: sc.name, title: title}
+		r.results = append(r.results, res)
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	res.trials++
+	res.duration += took
+	sumInto(&res.faults, sc.faults)
+	sumInto(&res.counts, counts)
+	sumInto(&res.info, info)
+	for _, a := range sc.admissions {
+		res.attempts++
+		if a.err == nil {
+			res.admitted++
+		}
+	}
+	prefix := ""
+	if size.trials > 1 {
+		prefix = fmt.Sprintf("trial %d: ", res.trials)
+	}
+	for _, f := range sc.figures {
+		res.figures = append(res.figures, prefix+f)
+	}
+}
+
+// finish settles the scenario, checks the invariants, deletes its namespaces, fails the test for
+// every count that is not 0 (with its evidence) and records the trial for the report.
+func (sc *scenario) finish(ctx context.Context, title string, started time.Time) {
+	res := sc.settle(ctx)
+	late := sc.deleteNamespaces(ctx)
+	if sc.onFinish != nil {
+		sc.onFinish()
+	}
+	counts := append(append(res.counts, late), sc.extra...)
+	sc.t.Logf("%s: invariants (each must be 0):", sc.name)
+	for _, c := range counts {
+		sc.t.Logf("  %-62s %d", c.name, c.n)
+	}
+	for _, c := range res.info {
+		sc.t.Logf("  (may be non-zero) %-45s %d", c.name, c.n)
+	}
+	for _, c := range counts {
+		if c.n != 0 {
+			sc.t.Errorf("%s: %d\n    %s", c.name, c.n, strings.Join(c.evidence, "\n    "))
+		}
+	}
+	report.add(sc, title, counts, res.info, time.Since(started))
+}
+
+func (r *suiteReport) write(path string, s sizes, passed bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b bytes.Buffer
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	total := time.Duration(0)
+	for _, res := range r.results {
+		total += res.duration
+	}
+	p("# Reliability: the fault suite")
+	p("")
+	p("Written by `make faults` (the %s sizes of `test/faults`) on %s, from the figures that run", s.name, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	p("measured; nothing here is typed by hand. The suite runs etcd, kube-apiserver and")
+	p("kube-controller-manager (garbage collector and namespace controller), CAPM3 v1.13.2's Metal3Data")
+	p("controller and the Metal3 IPAM in-process, the Cluster API in-cluster IPAM provider, and two")
+	p("webhook replicas under leader election behind a loopback load balancer, as a Deployment with a")
+	p("Service runs them, with `--release-grace-period=%v`. Each scenario runs a stream of Metal3Data", gracePeriod)
+	p("(each with two Metal3 IPPools and one InClusterIPPool) while it injects its faults, then checks,")
+	p("within the grace period plus %v of its last action, the invariants below, and deletes its", settleAfterGrace)
+	p("namespaces. Every invariant is a count that must be 0.")
+	p("")
+	if passed {
+		p("**Result: every invariant held in every scenario.**")
+	} else {
+		p("**Result: some invariants did not hold; see the counts and the evidence below.**")
+	}
+	p("")
+	p("Set-up %v, scenarios %v.", r.setUp.Round(time.Second), total.Round(time.Second))
+	p("")
+	names := []string{invNotReady, invNoOwner, invTerminating, invOrphanAddress, invDoubleAllocation, invCAPM3Claims, invUnanswered, invNamespaces}
+	header := "| scenario | trials | faults injected | Metal3Data admitted |"
+	rule := "|---|---:|---:|---:|"
+	for _, n := range names {
+		header += " " + n + " |"
+		rule += "---:|"
+	}
+	p("%s", header)
+	p("%s", rule)
+	for _, res := range r.results {
+		var injected int64
+		for _, f := range res.faults {
+			injected += f.n
+		}
+		row := fmt.Sprintf("| %s | %d | %d | %d |", res.name, res.trials, injected, res.admitted)
+		for _, n := range names {
+			row += fmt.Sprintf(" %d |", countOf(res.counts, n))
+		}
+		p("%s", row)
+	}
+	p("")
+	for _, res := range r.results {
+		p("## %s", res.name)
+		p("")
+		p("%s", res.title)
+		p("")
+		p("- trials: %d, %v in all; Metal3Data creates: %d, stored: %d", res.trials, res.duration.Round(time.Second), res.attempts, res.admitted)
+		var faults []string
+		for _, f := range res.faults {
+			faults = append(faults, fmt.Sprintf("%s %d", f.name, f.n))
+		}
+		p("- faults injected: %s", strings.Join(faults, ", "))
+		for _, c := range res.counts {
+			if !slices.Contains(names, c.name) {
+				p("- %s (must be 0): %d", c.name, c.n)
+			}
+		}
+		for _, c := range res.info {
+			p("- %s: %d", c.name, c.n)
+		}
+		for _, f := range res.figures {
+			p("- %s", f)
+		}
+		for _, c := range res.counts {
+			if c.n == 0 {
+				continue
+			}
+			p("")
+			p("**%s: %d.** The first of them:", c.name, c.n)
+			p("")
+			p("```")
+			for i, e := range c.evidence {
+				if i == maxEvidence {
+					break
+				}
+				p("%s", e)
+			}
+			p("```")
+		}
+		p("")
+	}
+	p("## Machine")
+	p("")
+	for _, line := range machine() {
+		p("- %s", line)
+	}
+	p("")
+	p("## How to reproduce")
+	p("")
+	p("```sh")
+	p("make faults                  # full sizes; writes this file (about %v here)", (r.setUp + total).Round(time.Minute))
+	p("cd test && go test -count=1 -v ./faults   # the quick sizes, as make test runs them")
+	p("cd test && FAULTS_FULL=1 FAULTS_TRIALS=3 go test -count=1 -v -timeout 90m ./faults   # more trials")
+	p("```")
+	p("")
+	p("Logs of every replica (`replica-<i>.log`, one section per start), kube-controller-manager, the")
+	p("in-cluster IPAM and the in-process controllers are kept in the directory the run prints.")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, b.Bytes(), 0o644)
+}
+
+func countOf(cs []namedCount, name string) int64 {
+	for _, c := range cs {
+		if c.name == name {
+			return c.n
+		}
+	}
+	return 0
+}
+
+// machine describes where the run ran.
+func machine() []string {
+	var out []string
+	model := ""
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	out = append(out, fmt.Sprintf("%d CPUs (%s), %s", runtime.NumCPU(), model, memTotal()))
+	if data, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		out = append(out, fmt.Sprintf("%s/%s, Linux %s, %s", runtime.GOOS, runtime.GOARCH, strings.TrimSpace(string(data)), runtime.Version()))
+	}
+	versions := []string{}
+	for _, bin := range []string{"kube-apiserver", "etcd", "cluster-api-ipam-provider-in-cluster"} {
+		if data, err := os.ReadFile(filepath.Join(cp.Root, "bin", "."+bin+".version")); err == nil {
+			versions = append(versions, bin+" "+strings.TrimSpace(string(data)))
+		}
+	}
+	out = append(out, strings.Join(versions, ", ")+", CAPM3 and ip-address-manager v1.13.2")
+	if rev, err := git("rev-parse", "--short", "HEAD"); err == nil {
+		dirty := ""
+		if st, err := git("status", "--porcelain", "--", "cmd", "pkg", "internal", "config"); err == nil && st != "" {
+			dirty = ", with uncommitted changes to the product"
+		}
+		out = append(out, "commit "+rev+dirty)
+	}
+	return out
+}
+
+func memTotal() string {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "MemTotal:") {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(line, "MemTotal:")), "%d", &kb)
+			return fmt.Sprintf("%.1f GiB memory", float64(kb)/(1<<20))
+		}
+	}
+	return ""
+}
+
+func git(args ...string) (string, error) {
+	cmd := exec.CommandContext(context.Background(), "git", args...)
+	cmd.Dir = cp.Root
+	out, err := cmd.Output()
+	return strings.TrimSpace(string(out)), err
+}

@@ -1,0 +1,617 @@
+package faults
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+	"github.com/metal3-community/ip-preallocator/test/harness"
+)
+
+// TestFaults runs every scenario, each on its own namespaces. Those that fault the webhook
+// itself, and the concurrent one (it measures latency), run alone, one after the other; the others
+// then run in parallel.
+func TestFaults(t *testing.T) {
+	for _, s := range []struct {
+		name, title string
+		parallel    bool
+		run         func(ctx context.Context, sc *scenario)
+	}{
+		{"kills", "SIGKILL of the leader and of the other replica at random moments while Metal3Data are admitted, each restarted after a random pause, and both killed at once and restarted once per trial.", false, runKills},
+		{"api-faults", "Each replica reaches the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from start-up to the end of the namespace deletion.", false, runAPIFaults},
+		{"concurrent", "Metal3Data created all at once, admitted by both replicas. Beyond the first 50 (two Metal3 IPPools and an InClusterIPPool each) they use the two Metal3 IPPools only: the in-cluster IPAM provider fulfils and releases one claim at a time at 20 requests/s, with no flag to raise either, and would need minutes for 1000 claims, and longer than the namespace controller's 15 s retry to release 100.", false, runConcurrent},
+		{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are.", true, runGate},
+		{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, runRecreate},
+		{"namespaces", "Namespaces are deleted while claims preallocated for rejected Metal3Data wait; in another namespace, waiting claims are deleted by hand and half their Metal3Data are accepted afterwards.", true, runNamespaces},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			if s.parallel {
+				t.Parallel()
+			}
+			for trial := range size.trials {
+				ctx := context.Background()
+				sc := newScenario(t, s.name, uint64(trial))
+				sc.trial = trial
+				started := time.Now()
+				s.run(ctx, sc)
+				sc.finish(ctx, s.title, started)
+			}
+		})
+	}
+}
+
+// ns names a namespace of the scenario's trial.
+func (sc *scenario) ns(parts ...any) string {
+	name := fmt.Sprintf("%s-%d", sc.name, sc.trial)
+	for _, p := range parts {
+		name += fmt.Sprintf("-%v", p)
+	}
+	return name
+}
+
+// worlds creates namespaces of perNamespace machines, total machines in all; those after the
+// first threePoolNamespaces use template(true).
+func (sc *scenario) worlds(ctx context.Context, total, perNamespace, threePoolNamespaces int) ([]*world, []*fixtures.Machine) {
+	var worlds []*world
+	var all []*fixtures.Machine
+	for i := 0; total > 0; i++ {
+		n := min(total, perNamespace)
+		total -= n
+		w, err := sc.newWorldOf(ctx, sc.ns(i), n, i >= threePoolNamespaces)
+		if err != nil {
+			sc.t.Fatal(err)
+		}
+		worlds = append(worlds, w)
+		all = append(all, w.machines...)
+	}
+	return worlds, all
+}
+
+// ensureReplicas restarts the replicas that are down and waits until both are ready.
+func ensureReplicas(ctx context.Context, t *testing.T) {
+	rs := cp.Replicas
+	for i := range rs.Len() {
+		if !rs.Running(i) {
+			if err := rs.Restart(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := range rs.Len() {
+		if err := rs.WaitReady(ctx, i, 90*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func runKills(ctx context.Context, sc *scenario) {
+	sc.webhookFaults = true
+	rs := cp.Replicas
+	_, machines := sc.worlds(ctx, size.killData, 110, 1<<30)
+	before, lbBefore := rs.Counts(), rs.LoadBalancer().Counts()
+
+	// The stream lasts long enough for the kills: one every 1–3 s, each down for up to 1.5 s.
+	interval := time.Duration(size.kills) * 3200 * time.Millisecond / time.Duration(len(machines))
+	streamDone := make(chan struct{})
+	var killerDone sync.WaitGroup
+	var leaderKills, otherKills, bothKills atomic.Int64
+	killerDone.Go(func() {
+		kills := 0
+		both := false
+		for {
+			select {
+			case <-streamDone:
+				if kills >= size.kills {
+					return
+				}
+			default:
+			}
+			time.Sleep(sc.random(time.Second, 3*time.Second))
+			if !both && kills >= size.kills/2 {
+				// Both at once: every admission in flight fails open until one is back.
+				for i := range rs.Len() {
+					rs.Kill(i)
+				}
+				sc.touch()
+				kills += rs.Len()
+				bothKills.Add(1)
+				both = true
+				time.Sleep(sc.random(200*time.Millisecond, 1500*time.Millisecond))
+				for i := range rs.Len() {
+					if err := rs.Restart(i); err != nil {
+						sc.t.Error(err)
+					}
+				}
+				continue
+			}
+			leader, hasLeader := rs.Leader()
+			victim := sc.intn(rs.Len())
+			if hasLeader {
+				if sc.chance(0.5) {
+					victim = leader
+				} else {
+					victim = (leader + 1 + sc.intn(rs.Len()-1)) % rs.Len()
+				}
+			}
+			if !rs.Running(victim) {
+				continue
+			}
+			rs.Kill(victim)
+			sc.touch()
+			kills++
+			if hasLeader && victim == leader {
+				leaderKills.Add(1)
+			} else {
+				otherKills.Add(1)
+			}
+			time.Sleep(sc.random(0, 1500*time.Millisecond))
+			if err := rs.Restart(victim); err != nil {
+				sc.t.Error(err)
+			}
+		}
+	})
+	stream(machines, 4, interval, func(m *fixtures.Machine) { sc.admit(ctx, m.Data) })
+	close(streamDone)
+	killerDone.Wait()
+	ensureReplicas(ctx, sc.t)
+	sc.touch()
+
+	after, lbAfter := rs.Counts(), rs.LoadBalancer().Counts()
+	sc.addFault("SIGKILL of the leader", leaderKills.Load())
+	sc.addFault("SIGKILL of the other replica (or of one while none led)", otherKills.Load())
+	sc.addFault("SIGKILL of both at once (2 kills each)", 2*bothKills.Load())
+	sc.figure("%d SIGKILLs over %d Metal3Data; %d restarts, %d exits nobody caused; the load balancer failed %d dials to a dead replica and found none up for %d connections",
+		after.Kills-before.Kills, len(machines), after.Restarts-before.Restarts, after.Crashes-before.Crashes,
+		lbAfter.FailedDials-lbBefore.FailedDials, lbAfter.Refused-lbBefore.Refused)
+	sc.admissionFigures()
+}
+
+// admissionFigures reports how the webhook answered the scenario's stored Metal3Data.
+func (sc *scenario) admissionFigures() {
+	var full, partial, unanswered int
+	var latencies []time.Duration
+	for _, a := range sc.stored() {
+		latencies = append(latencies, a.latency)
+		switch {
+		case len(a.recorded) > 0 && len(a.warnings) == 0:
+			full++
+		case a.answered():
+			partial++
+		default:
+			unanswered++
+		}
+	}
+	sc.figure("%d Metal3Data stored: %d with every claim preallocated, %d with a claim left to CAPM3 (warning), %d admitted unchanged (webhook call failed); create latency p50 %v, p99 %v",
+		full+partial+unanswered, full, partial, unanswered,
+		percentile(latencies, 0.5).Round(time.Millisecond), percentile(latencies, 0.99).Round(time.Millisecond))
+}
+
+func runGate(ctx context.Context, sc *scenario) {
+	worlds, machines := sc.worlds(ctx, size.gateData, 100, 1<<30)
+	rejected := map[string]bool{}
+	retried := map[string]bool{}
+	for _, w := range worlds {
+		var gated []*infrav1.Metal3Data
+		for _, m := range w.machines {
+			if sc.chance(0.5) {
+				gated = append(gated, m.Data)
+				rejected[m.Data.Namespace+"/"+m.Data.Name] = true
+				if sc.chance(0.7) {
+					retried[m.Data.Namespace+"/"+m.Data.Name] = true
+				}
+			}
+		}
+		if err := closeGate(ctx, w.ns, gated); err != nil {
+			sc.t.Fatal(err)
+		}
+	}
+	var rejections, accepted, notRetried, unexpected atomic.Int64
+	var retries sync.WaitGroup
+	stream(machines, 4, 50*time.Millisecond, func(m *fixtures.Machine) {
+		key := m.Data.Namespace + "/" + m.Data.Name
+		a := sc.admit(ctx, m.Data)
+		switch {
+		case gateRejected(a.err):
+			rejections.Add(1)
+		case a.err != nil || rejected[key]:
+			unexpected.Add(1)
+			sc.t.Errorf("%s: expected %v rejection, got %v", key, rejected[key], a.err)
+		}
+		if !rejected[key] {
+			return
+		}
+		if !retried[key] {
+			notRetried.Add(1)
+			return
+		}
+		retries.Go(func() {
+			time.Sleep(sc.random(0, gracePeriod*3/2))
+			if err := openGate(ctx, m.Data.Namespace, m.Data.Name); err != nil {
+				sc.t.Error(err)
+				return
+			}
+			a, attempts := sc.admitUntilStored(ctx, m.Data, 100*time.Millisecond, 30*time.Second)
+			rejections.Add(int64(attempts - 1))
+			if a.err != nil {
+				sc.t.Errorf("%s was not accepted on retry: %v", key, a.err)
+				return
+			}
+			accepted.Add(1)
+		})
+	})
+	retries.Wait()
+	sc.touch()
+	sc.addFault("Metal3Data rejected after our mutation", rejections.Load())
+	sc.figure("%d rejections of %d gated Metal3Data: %d accepted on a later attempt, %d never created again", rejections.Load(), len(rejected), accepted.Load(), notRetried.Load())
+	sc.admissionFigures()
+}
+
+// generation stores the machine objects of Metal3Data index under new names, as when a machine
+// is replaced and CAPM3's template controller reuses the freed index: the Metal3Data has the same
+// name, its Metal3DataClaim, Metal3Machine, Machine and host are new.
+func generation(ctx context.Context, ns string, index, gen int) (*fixtures.Machine, error) {
+	tmpl := fixtures.ThreePoolTemplate("workers")
+	tmpl.Finalizers = []string{infrav1.DataTemplateFinalizer}
+	m := fixtures.NewMachine(tmpl, index).InNamespace(ns)
+	if gen > 0 {
+		suffix := fmt.Sprintf("-g%d", gen)
+		m.Machine.Name += suffix
+		m.Metal3Machine.Name += suffix
+		m.Host.Name += suffix
+		m.DataClaim.Name = m.Metal3Machine.Name
+		m.Machine.Spec.InfrastructureRef.Name = m.Metal3Machine.Name
+		m.Metal3Machine.Annotations["metal3.io/BareMetalHost"] = ns + "/" + m.Host.Name
+		m.Metal3Machine.OwnerReferences[0].Name = m.Machine.Name
+		m.DataClaim.OwnerReferences[0].Name = m.Metal3Machine.Name
+		for i, ref := range m.Data.OwnerReferences {
+			switch ref.Kind {
+			case "Metal3DataClaim":
+				m.Data.OwnerReferences[i].Name = m.DataClaim.Name
+			case "Metal3Machine":
+				m.Data.OwnerReferences[i].Name = m.Metal3Machine.Name
+			}
+		}
+		m.Data.Spec.Claim.Name = m.DataClaim.Name
+	}
+	return m, harness.CreateMachine(ctx, cp.Client, m)
+}
+
+func runRecreate(ctx context.Context, sc *scenario) {
+	w, err := sc.newWorld(ctx, sc.ns(0), 0)
+	if err != nil {
+		sc.t.Fatal(err)
+	}
+	var deletions, refused, beforeReady atomic.Int64
+	var lock sync.Mutex
+	var recreateTimes []time.Duration
+	err = parallel(size.recreateNames, size.recreateNames, func(index int) error {
+		m, err := generation(ctx, w.ns, index, 0)
+		if err != nil {
+			return err
+		}
+		if a := sc.admit(ctx, m.Data); a.err != nil {
+			return a.err
+		}
+		for round := 1; round < size.recreateRounds; round++ {
+			// Some are deleted before CAPM3 made them Ready, some after.
+			if sc.chance(0.5) {
+				time.Sleep(sc.random(0, time.Second))
+			} else {
+				waitReady(ctx, m.Data, 60*time.Second)
+				time.Sleep(sc.random(0, time.Second))
+			}
+			// The next machine is stored first, so that its Metal3Data's create follows the
+			// deletion at once.
+			next, err := generation(ctx, w.ns, index, round)
+			if err != nil {
+				return err
+			}
+			if ok, _ := isReady(ctx, m.Data); !ok {
+				beforeReady.Add(1)
+			}
+			if err := deleteMachineData(ctx, m); err != nil {
+				return err
+			}
+			deletions.Add(1)
+			sc.touch()
+			deleted := time.Now()
+			m = next
+			a, attempts := sc.admitUntilStored(ctx, m.Data, 100*time.Millisecond, 120*time.Second)
+			refused.Add(int64(attempts - 1))
+			if a.err != nil {
+				return fmt.Errorf("%s was not created again: %w", m.Data.Name, a.err)
+			}
+			lock.Lock()
+			recreateTimes = append(recreateTimes, time.Since(deleted))
+			lock.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		sc.t.Error(err)
+	}
+	sc.touch()
+	sc.addFault("Metal3Data deleted and created again under the same name", deletions.Load())
+	sc.figure("%d deletions (%d before Ready); %d creates refused while the old Metal3Data of the name still existed; deletion to new Metal3Data stored: p50 %v, max %v",
+		deletions.Load(), beforeReady.Load(), refused.Load(), percentile(recreateTimes, 0.5).Round(100*time.Millisecond), percentile(recreateTimes, 1).Round(100*time.Millisecond))
+	sc.admissionFigures()
+}
+
+func isReady(ctx context.Context, data *infrav1.Metal3Data) (bool, error) {
+	got := &infrav1.Metal3Data{}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(data), got); err != nil {
+		return false, err
+	}
+	return got.Status.Ready != nil && *got.Status.Ready, nil
+}
+
+func waitReady(ctx context.Context, data *infrav1.Metal3Data, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if ok, _ := isReady(ctx, data); ok {
+			return true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
+func runNamespaces(ctx context.Context, sc *scenario) {
+	// Namespaces deleted while claims preallocated for rejected Metal3Data wait.
+	var deleted, waitingAtDeletion atomic.Int64
+	var nsDeletions sync.WaitGroup
+	for i := range size.deletedNamespaces {
+		w, err := sc.newWorld(ctx, sc.ns("deleted", i), size.machinesPerNamespace)
+		if err != nil {
+			sc.t.Fatal(err)
+		}
+		var gated []*infrav1.Metal3Data
+		for j, m := range w.machines {
+			if j%2 == 0 {
+				gated = append(gated, m.Data)
+			}
+		}
+		if err := closeGate(ctx, w.ns, gated); err != nil {
+			sc.t.Fatal(err)
+		}
+		stream(w.machines, 4, 0, func(m *fixtures.Machine) { sc.admit(ctx, m.Data) })
+		nsDeletions.Go(func() {
+			time.Sleep(sc.random(500*time.Millisecond, gracePeriod*8/10))
+			waitingAtDeletion.Add(int64(len(waitingClaims(ctx, w.ns))))
+			if err := cp.Client.Delete(ctx, namespace(w.ns)); err != nil {
+				sc.t.Error(err)
+			}
+			deleted.Add(1)
+			sc.touch()
+		})
+	}
+
+	// Waiting claims deleted by hand; half their Metal3Data are accepted afterwards.
+	w, err := sc.newWorld(ctx, sc.ns("by-hand"), size.handDeleted)
+	if err != nil {
+		sc.t.Fatal(err)
+	}
+	var datas []*infrav1.Metal3Data
+	for _, m := range w.machines {
+		datas = append(datas, m.Data)
+	}
+	if err := closeGate(ctx, w.ns, datas); err != nil {
+		sc.t.Fatal(err)
+	}
+	var byHand, acceptedAfter atomic.Int64
+	var work sync.WaitGroup
+	stream(w.machines, 4, 0, func(m *fixtures.Machine) {
+		if a := sc.admit(ctx, m.Data); !gateRejected(a.err) {
+			sc.t.Errorf("%s: expected the gate's rejection, got %v", m.Data.Name, a.err)
+		}
+		work.Go(func() {
+			time.Sleep(sc.random(0, gracePeriod*6/10))
+			for _, pool := range threePools {
+				// All three claims of half the machines, one of the others'.
+				if pool != fixtures.ProvisioningPool && sc.chance(0.5) {
+					continue
+				}
+				obj := claimObject(m.Data.Namespace, m.Data.Name+"-"+pool, pool)
+				if err := cp.Client.Delete(ctx, obj); err == nil {
+					byHand.Add(1)
+				} else if !apierrors.IsNotFound(err) {
+					sc.t.Error(err)
+				}
+			}
+			sc.touch()
+			if sc.chance(0.5) {
+				return
+			}
+			time.Sleep(sc.random(0, gracePeriod))
+			if err := openGate(ctx, m.Data.Namespace, m.Data.Name); err != nil {
+				sc.t.Error(err)
+				return
+			}
+			if a, _ := sc.admitUntilStored(ctx, m.Data, 100*time.Millisecond, 30*time.Second); a.err != nil {
+				sc.t.Errorf("%s was not accepted: %v", m.Data.Name, a.err)
+				return
+			}
+			acceptedAfter.Add(1)
+		})
+	})
+	work.Wait()
+	nsDeletions.Wait()
+	sc.touch()
+	sc.addFault("namespaces deleted while claims wait", deleted.Load())
+	sc.addFault("waiting claims deleted by hand", byHand.Load())
+	sc.figure("%d namespaces deleted with %d claims waiting in them; %d waiting claims deleted by hand, %d of their Metal3Data accepted afterwards",
+		deleted.Load(), waitingAtDeletion.Load(), byHand.Load(), acceptedAfter.Load())
+	sc.admissionFigures()
+}
+
+func claimObject(ns, name, pool string) client.Object {
+	var obj client.Object = &ipamv1.IPClaim{}
+	if pool == fixtures.ExternalPool {
+		obj = &capipamv1.IPAddressClaim{}
+	}
+	obj.SetNamespace(ns)
+	obj.SetName(name)
+	return obj
+}
+
+// waitingClaims lists the claims of ns still waiting for their Metal3Data.
+func waitingClaims(ctx context.Context, ns string) []string {
+	s, err := readNamespace(ctx, ns)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for key, cl := range s.claims() {
+		if len(cl.obj.GetOwnerReferences()) == 0 {
+			out = append(out, key)
+		}
+	}
+	return out
+}
+
+func runAPIFaults(ctx context.Context, sc *scenario) {
+	sc.webhookFaults = true
+	rs := cp.Replicas
+	faults := harness.Faults{TooManyRequests: 0.05, InternalError: 0.05, Reset: 0.05, Latency: 0.10, Delay: 300 * time.Millisecond}
+	var proxies []*harness.FaultProxy
+	for i := range rs.Len() {
+		p, err := cp.StartFaultProxy(fmt.Sprintf("api-proxy-%d-%d", sc.trial, i), rs.DefaultKubeconfig(), uint64(100*sc.trial+i))
+		if err != nil {
+			sc.t.Fatal(err)
+		}
+		p.Set(faults)
+		proxies = append(proxies, p)
+	}
+	defer func() {
+		// Back to direct connections for the scenarios after this one.
+		for i := range rs.Len() {
+			rs.StopReplica(i)
+			rs.SetKubeconfig(i, rs.DefaultKubeconfig())
+			if err := rs.Restart(i); err != nil {
+				sc.t.Error(err)
+			}
+		}
+		ensureReplicas(ctx, sc.t)
+		for _, p := range proxies {
+			p.Close()
+		}
+	}()
+	before := rs.Counts()
+	for i := range rs.Len() {
+		rs.StopReplica(i)
+		rs.SetKubeconfig(i, proxies[i].Kubeconfig)
+		if err := rs.Restart(i); err != nil {
+			sc.t.Fatal(err)
+		}
+	}
+	ensureReplicas(ctx, sc.t)
+	_, machines := sc.worlds(ctx, size.apiFaultData, 100, 1<<30)
+	stream(machines, 4, 100*time.Millisecond, func(m *fixtures.Machine) { sc.admit(ctx, m.Data) })
+	sc.touch()
+	sc.admissionFigures()
+	sc.onFinish = func() {
+		var total harness.FaultCounts
+		for i, p := range proxies {
+			c := p.Counts()
+			sc.figure("replica %d's API requests: %s", i, c)
+			total.Requests += c.Requests
+			total.TooManyRequests += c.TooManyRequests
+			total.InternalError += c.InternalError
+			total.Reset += c.Reset
+			total.Delayed += c.Delayed
+		}
+		sc.addFault("429 Too Many Requests", total.TooManyRequests)
+		sc.addFault("500 Internal Server Error", total.InternalError)
+		sc.addFault("connection resets", total.Reset)
+		sc.addFault("requests delayed", total.Delayed)
+		after := rs.Counts()
+		sc.figure("replica exits nobody caused (restarted after 1 s): %d", after.Crashes-before.Crashes)
+	}
+}
+
+const mutatePath = "/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate"
+
+// webhookRequests sums controller_runtime_webhook_requests_total of the mutating webhook.
+func webhookRequests(metrics string) int64 {
+	var total int64
+	scanner := bufio.NewScanner(strings.NewReader(metrics))
+	scanner.Buffer(make([]byte, 1<<20), 1<<24)
+	for scanner.Scan() {
+		line := scanner.Text()
+		if strings.HasPrefix(line, "controller_runtime_webhook_requests_total{") && strings.Contains(line, `webhook="`+mutatePath+`"`) {
+			if n, err := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64); err == nil {
+				total += int64(n)
+			}
+		}
+	}
+	return total
+}
+
+func runConcurrent(ctx context.Context, sc *scenario) {
+	rs := cp.Replicas
+	_, machines := sc.worlds(ctx, size.concurrentData, 50, 1)
+	before := make([]int64, rs.Len())
+	for i := range before {
+		m, err := rs.Metrics(i)
+		if err != nil {
+			sc.t.Fatal(err)
+		}
+		before[i] = webhookRequests(m)
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, m := range machines {
+		wg.Go(func() {
+			<-start
+			sc.admit(ctx, m.Data)
+		})
+	}
+	began := time.Now()
+	close(start)
+	wg.Wait()
+	took := time.Since(began)
+	sc.touch()
+
+	errorsCount := namedCount{name: "admission errors (create failed, webhook did not answer, or left a claim to CAPM3)"}
+	var latencies []time.Duration
+	for _, a := range sc.admissions {
+		latencies = append(latencies, a.latency)
+		if a.err != nil || !a.answered() || len(a.warnings) > 0 {
+			errorsCount.add("%s", a)
+		}
+	}
+	sc.extra = append(sc.extra, errorsCount)
+	var perReplica []string
+	for i := range before {
+		m, err := rs.Metrics(i)
+		if err != nil {
+			sc.t.Fatal(err)
+		}
+		perReplica = append(perReplica, fmt.Sprintf("replica %d: %d", i, webhookRequests(m)-before[i]))
+	}
+	sc.addFault("Metal3Data created at once", int64(len(machines)))
+	sc.figure("%d creates at once, done in %v; admission (create) latency p50 %v, p99 %v, max %v; admissions served: %s",
+		len(machines), took.Round(time.Millisecond), percentile(latencies, 0.5).Round(time.Millisecond),
+		percentile(latencies, 0.99).Round(time.Millisecond), percentile(latencies, 1).Round(time.Millisecond), strings.Join(perReplica, ", "))
+	sc.admissionFigures()
+}
+
+func namespace(name string) client.Object {
+	obj := &corev1.Namespace{}
+	obj.Name = name
+	return obj
+}
