@@ -186,11 +186,11 @@ func run(ctx context.Context, o options) error {
 				Cache:     mgr.GetClient(),
 				APIReader: mgr.GetAPIReader(),
 			},
-			Decoder:        admission.NewDecoder(scheme),
-			BMHNameBased:   o.bmhNameBased,
-			Timeout:        o.claimTimeout,
-			Requesters:     o.requesters,
-			OnPreallocated: admissions.Add,
+			Decoder:      admission.NewDecoder(scheme),
+			BMHNameBased: o.bmhNameBased,
+			Timeout:      o.claimTimeout,
+			Requesters:   o.requesters,
+			OnAdmitted:   admissions.Add,
 		}})
 
 	if err := (&validate.Metal3DataTemplate{Reader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper()}).SetupWebhookWithManager(mgr); err != nil {

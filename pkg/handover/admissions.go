@@ -5,11 +5,15 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// Admissions remembers the Metal3Data this replica preallocated claims for, so that this replica
-// hands them over itself as soon as they are stored: the hand-over of a live replica never waits
-// for the lease, and every other replica leaves those Metal3Data alone.
+// Admissions remembers what this replica decided when it admitted a Metal3Data: the admission
+// that preallocated its claims, so that this replica hands them over itself as soon as the
+// Metal3Data is stored (the hand-over of a live replica never waits for the lease, and every other
+// replica leaves those Metal3Data alone), and a warning for the operator, which can only be
+// recorded as an Event once the Metal3Data exists.
 type Admissions struct {
 	// TTL bounds how long an admission whose Metal3Data is never stored is remembered.
 	TTL time.Duration
@@ -19,12 +23,14 @@ type Admissions struct {
 }
 
 type admitted struct {
-	token string
-	at    time.Time
+	token   string
+	warning string
+	at      time.Time
 }
 
-// Add records that this replica preallocated for the Metal3Data key in the admission token.
-func (a *Admissions) Add(key types.NamespacedName, token string) {
+// Add records this replica's admission of the Metal3Data key: token when it preallocated claims,
+// warning when it skipped or left some claims to CAPM3.
+func (a *Admissions) Add(key types.NamespacedName, token, warning string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
@@ -36,7 +42,7 @@ func (a *Admissions) Add(key types.NamespacedName, token string) {
 			delete(a.pending, k)
 		}
 	}
-	a.pending[key] = admitted{token: token, at: now}
+	a.pending[key] = admitted{token: token, warning: warning, at: now}
 }
 
 // Has tells whether this replica's admission token produced the Metal3Data key.
@@ -45,6 +51,32 @@ func (a *Admissions) Has(key types.NamespacedName, token string) bool {
 	defer a.mu.Unlock()
 	v, ok := a.pending[key]
 	return ok && token != "" && v.token == token
+}
+
+// Pending tells whether anything is left to do for the Metal3Data key, stored with annotations.
+func (a *Admissions) Pending(key types.NamespacedName, annotations map[string]string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v, ok := a.pending[key]
+	return ok && (v.warning != "" || v.token != "" && v.token == annotations[allocation.AdmissionAnnotation])
+}
+
+// TakeWarning returns the warning for the Metal3Data key, once.
+func (a *Admissions) TakeWarning(key types.NamespacedName) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v, ok := a.pending[key]
+	if !ok || v.warning == "" {
+		return ""
+	}
+	warning := v.warning
+	v.warning = ""
+	if v.token == "" {
+		delete(a.pending, key)
+	} else {
+		a.pending[key] = v
+	}
+	return warning
 }
 
 // Done forgets an admission whose claims were handed over.

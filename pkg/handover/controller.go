@@ -75,7 +75,7 @@ type HandOver struct {
 // SetupWithManager registers the controller on every replica.
 func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	admittedHere := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return h.Admissions.Has(client.ObjectKeyFromObject(o), o.GetAnnotations()[allocation.AdmissionAnnotation])
+		return h.Admissions.Pending(client.ObjectKeyFromObject(o), o.GetAnnotations())
 	})
 	// Only the create event matters; after a restart this replica remembers no admission, so the
 	// replay of every Metal3Data writes nothing.
@@ -96,6 +96,9 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 	data := allocation.Metadata(Metal3DataGVK)
 	if err := h.Client.Get(ctx, req.NamespacedName, data); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if warning := h.Admissions.TakeWarning(req.NamespacedName); warning != "" {
+		h.Recorder.Eventf(data, nil, corev1.EventTypeWarning, "PreallocationIncomplete", "Preallocate", "%s", warning)
 	}
 	token := data.Annotations[allocation.AdmissionAnnotation]
 	if !data.DeletionTimestamp.IsZero() || !h.Admissions.Has(req.NamespacedName, token) {

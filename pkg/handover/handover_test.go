@@ -3,6 +3,7 @@ package handover
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,7 +92,7 @@ func TestHandOverController(t *testing.T) {
 			recorder := events.NewFakeRecorder(10)
 			h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
 			if tc.admittedBy != "" {
-				h.Admissions.Add(dataKey, tc.admittedBy)
+				h.Admissions.Add(dataKey, tc.admittedBy, "")
 			}
 			_, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey})
 			if (err != nil) != tc.wantErr {
@@ -110,6 +111,31 @@ func TestHandOverController(t *testing.T) {
 				t.Errorf("admission still remembered: %v", remembered)
 			}
 		})
+	}
+}
+
+// TestWarningEvent: a warning admission gave is recorded on the Metal3Data once it exists, once.
+func TestWarningEvent(t *testing.T) {
+	c := newClient(interceptor.Funcs{}, metal3Data("", ""))
+	recorder := events.NewFakeRecorder(10)
+	h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
+	h.Admissions.Add(dataKey, "", "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout")
+	if !h.Admissions.Pending(dataKey, nil) {
+		t.Fatal("a warning is not pending")
+	}
+	for range 2 {
+		if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(recorder.Events) != 1 {
+		t.Fatalf("%d events, want 1", len(recorder.Events))
+	}
+	if e := <-recorder.Events; !strings.HasPrefix(e, "Warning PreallocationIncomplete") || !strings.Contains(e, "left to CAPM3") {
+		t.Errorf("event %q", e)
+	}
+	if h.Admissions.Pending(dataKey, nil) {
+		t.Error("the admission is still remembered")
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-openapi/jsonpointer"
@@ -83,8 +84,9 @@ type Preallocator struct {
 	// Requesters, when not empty, limits preallocation to Metal3Data created by these users (the
 	// service account CAPM3 runs as): nobody else can make the webhook reserve addresses.
 	Requesters []string
-	// OnPreallocated is told of every admission that recorded claims on its Metal3Data.
-	OnPreallocated func(key types.NamespacedName, token string)
+	// OnAdmitted is told of every admission, dry runs aside, that recorded claims on its
+	// Metal3Data (token) or has a warning for the operator.
+	OnAdmitted func(key types.NamespacedName, token, warning string)
 }
 
 var _ admission.Handler = &Preallocator{}
@@ -119,10 +121,10 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	}
 
 	if req.DryRun != nil && *req.DryRun {
-		return p.skipped(ctx, skipf(ReasonDryRun, "dry-run request"))
+		return p.skipped(ctx, data, skipf(ReasonDryRun, "dry-run request"))
 	}
 	if len(p.Requesters) > 0 && !slices.Contains(p.Requesters, req.UserInfo.Username) {
-		return p.skipped(ctx, skipf(ReasonRequester, "created by %q, not by a requester preallocation serves", req.UserInfo.Username))
+		return p.skipped(ctx, data, skipf(ReasonRequester, "created by %q, not by a requester preallocation serves", req.UserInfo.Username))
 	}
 	claims, err := p.plan(ctx, data)
 	if err != nil {
@@ -130,11 +132,11 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 		if !errors.As(err, &s) {
 			s = skipf(ReasonReadFailed, "%v", err)
 		}
-		return p.skipped(ctx, s)
+		return p.skipped(ctx, data, s)
 	}
 	token := string(req.UID)
 	if err := recordFits(data.Annotations, claims, token); err != nil {
-		return p.skipped(ctx, skipf(ReasonRecordTooLarge, "%v", err))
+		return p.skipped(ctx, data, skipf(ReasonRecordTooLarge, "%v", err))
 	}
 
 	logger.V(2).Info("Creating IP claims ahead of CAPM3", "count", len(claims))
@@ -177,14 +179,22 @@ func recordFits(existing map[string]string, claims []allocation.Claim, token str
 	return nil
 }
 
-func (p *Preallocator) skipped(ctx context.Context, s *skip) admission.Response {
+func (p *Preallocator) skipped(ctx context.Context, data *infrav1.Metal3Data, s *skip) admission.Response {
 	log.FromContext(ctx).V(1).Info("Not preallocating IP claims", "reason", s.reason, "detail", s.msg)
 	admissionsTotal.WithLabelValues("skipped", s.reason).Inc()
 	resp := admission.Allowed("")
 	if s.reason == ReasonInvalidReferences || s.reason == ReasonReadFailed {
-		resp = resp.WithWarnings("ip-preallocator: IP claims not preallocated (CAPM3 will create them): " + s.msg)
+		warning := "ip-preallocator: IP claims not preallocated (CAPM3 will create them): " + s.msg
+		p.admitted(data, "", warning)
+		resp = resp.WithWarnings(warning)
 	}
 	return resp
+}
+
+func (p *Preallocator) admitted(data *infrav1.Metal3Data, token string, warnings ...string) {
+	if p.OnAdmitted != nil && data.Name != "" {
+		p.OnAdmitted(types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, strings.Join(warnings, "; "))
+	}
 }
 
 func (p *Preallocator) respond(ctx context.Context, data *infrav1.Metal3Data, token string, results []allocation.Result) admission.Response {
@@ -211,11 +221,10 @@ func (p *Preallocator) respond(ctx context.Context, data *infrav1.Metal3Data, to
 	}
 	admissionsTotal.WithLabelValues(outcome, "").Inc()
 	if len(recorded) == 0 {
+		p.admitted(data, "", warnings...)
 		return admission.Allowed("").WithWarnings(warnings...)
 	}
-	if p.OnPreallocated != nil {
-		p.OnPreallocated(types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token)
-	}
+	p.admitted(data, token, warnings...)
 	record := map[string]string{allocation.ClaimsAnnotation: allocation.FormatClaims(recorded), allocation.AdmissionAnnotation: token}
 	return admission.Patched("", recordPatch(data.Annotations, record)...).WithWarnings(warnings...)
 }

@@ -2,6 +2,7 @@ package mutate
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -295,15 +296,27 @@ func TestDeadlineFromRequestStart(t *testing.T) {
 	}
 }
 
-// TestOnPreallocated: the replica learns of each admission that recorded claims, with its token.
-func TestOnPreallocated(t *testing.T) {
+// TestOnAdmitted: the replica learns of each admission that recorded claims, with its token, and
+// of each with a warning for the operator; dry runs and silent skips are not reported.
+func TestOnAdmitted(t *testing.T) {
 	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
-	p := newPreallocator(fixtures.NewClient(m.Objects(), nil), false)
+	failCAPI := &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		if strings.HasSuffix(obj.GetName(), "pool-capi") {
+			return apierrors.NewServiceUnavailable("etcd is sad")
+		}
+		return c.Create(ctx, obj, opts...)
+	}}
+	p := newPreallocator(fixtures.NewClient(m.Objects(), failCAPI), false)
 	var got []string
-	p.OnPreallocated = func(key types.NamespacedName, token string) { got = append(got, key.String()+" "+token) }
+	p.OnAdmitted = func(key types.NamespacedName, token, warning string) {
+		got = append(got, fmt.Sprintf("%s token=%s warned=%v", key, token, strings.Contains(warning, "left to CAPM3")))
+	}
 	p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
 	p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, true))
-	if want := []string{fixtures.Namespace + "/" + m.Data.Name + " request-uid"}; !slices.Equal(got, want) {
-		t.Errorf("OnPreallocated calls %v, want %v", got, want)
+	paused := m.Data.DeepCopy()
+	paused.Annotations = map[string]string{"cluster.x-k8s.io/paused": ""}
+	p.Handle(context.Background(), fixtures.CreateRequest(t, paused, false))
+	if want := []string{fixtures.Namespace + "/" + m.Data.Name + " token=request-uid warned=true"}; !slices.Equal(got, want) {
+		t.Errorf("OnAdmitted calls %v, want %v", got, want)
 	}
 }
