@@ -277,7 +277,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 			capm3Up.add("%s for %s", rec, a)
 			switch {
 			case slices.Contains(a.recorded, rec.kind+"/"+rec.name):
-				capm3Recorded.add("%s", rec)
+				capm3Recorded.add("%s; every claim of that name: %s", rec, recorder.named(rec.kind, rec.namespace, rec.name))
 			case slices.ContainsFunc(a.warnings, func(w string) bool { return strings.Contains(w, " "+rec.name+" ") }):
 				capm3Warned.add("%s", rec)
 			}

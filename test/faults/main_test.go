@@ -89,6 +89,8 @@ func setUp(ctx context.Context, dir string) error {
 		Webhook:             true,
 		WebhookReplicas:     2,
 		WebhookArgs:         []string{"--release-grace-period=" + gracePeriod.String()},
+		// FAULTS_AUDIT=1 keeps the API server's audit log (who wrote what, when) for diagnosis.
+		AuditLog: os.Getenv("FAULTS_AUDIT") != "",
 	})
 	if err != nil {
 		return err

@@ -2,8 +2,11 @@ package faults
 
 import (
 	"context"
+	"fmt"
+	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"k8s.io/apimachinery/pkg/types"
@@ -30,10 +33,28 @@ type claimRecord struct {
 	owner types.UID
 	// preallocatedFor is our annotation as first seen.
 	preallocatedFor string
+	// seen and gone are when the recorder saw it first and saw it deleted.
+	seen, gone time.Time
 }
 
 func (r claimRecord) String() string {
 	return r.kind + " " + r.namespace + "/" + r.name + " (uid " + string(r.uid) + ")"
+}
+
+// history is the life of the claim: creator, for whom, when it was seen and gone.
+func (r claimRecord) history() string {
+	s := fmt.Sprintf("uid %s created by %s", r.uid, r.creator)
+	if r.preallocatedFor != "" {
+		s += " preallocated for " + r.preallocatedFor
+	}
+	if r.owner != "" {
+		s += " owned by " + string(r.owner)
+	}
+	s += " seen " + r.seen.Format("15:04:05.000")
+	if !r.gone.IsZero() {
+		s += " gone " + r.gone.Format("15:04:05.000")
+	}
+	return s
 }
 
 // createdByCAPM3 tells a claim CAPM3 created: its client's user agent is its field manager.
@@ -60,6 +81,7 @@ func startClaimRecorder(ctx context.Context, cfg *rest.Config) (*claimRecorder, 
 		if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    r.observe,
 			UpdateFunc: func(_, obj any) { r.observe(obj) },
+			DeleteFunc: r.deleted,
 		}); err != nil {
 			return nil, err
 		}
@@ -80,7 +102,7 @@ func (r *claimRecorder) observe(obj any) {
 		return
 	}
 	rec := claimRecord{
-		namespace: o.GetNamespace(), name: o.GetName(), uid: o.GetUID(),
+		namespace: o.GetNamespace(), name: o.GetName(), uid: o.GetUID(), seen: time.Now(),
 		preallocatedFor: o.GetAnnotations()[allocation.PreallocatedForAnnotation],
 	}
 	switch o.(type) {
@@ -100,6 +122,40 @@ func (r *claimRecorder) observe(obj any) {
 		}
 	}
 	r.records[o.GetUID()] = rec
+}
+
+func (r *claimRecorder) deleted(obj any) {
+	if tombstone, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tombstone.Obj
+	}
+	o, ok := obj.(client.Object)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rec, ok := r.records[o.GetUID()]; ok {
+		rec.gone = time.Now()
+		r.records[o.GetUID()] = rec
+	}
+}
+
+// named returns the history of every claim of that kind and name, oldest first.
+func (r *claimRecorder) named(kind, namespace, name string) string {
+	r.mu.Lock()
+	var recs []claimRecord
+	for _, rec := range r.records {
+		if rec.kind == kind && rec.namespace == namespace && rec.name == name {
+			recs = append(recs, rec)
+		}
+	}
+	r.mu.Unlock()
+	sort.Slice(recs, func(i, j int) bool { return recs[i].seen.Before(recs[j].seen) })
+	var parts []string
+	for _, rec := range recs {
+		parts = append(parts, rec.history())
+	}
+	return strings.Join(parts, "; ")
 }
 
 // in returns the claims ever seen in the namespaces.

@@ -31,7 +31,7 @@ func TestFaults(t *testing.T) {
 		parallel    bool
 		run         func(ctx context.Context, sc *scenario)
 	}{
-		{"kills", "SIGKILL of the leader and of the other replica at random moments while Metal3Data are admitted, each restarted after a random pause, and both killed at once and restarted once per trial.", false, runKills},
+		{"kills", "SIGKILL of the leader and of the other replica at random moments while Metal3Data are admitted, each restarted after a random pause; once per trial both are killed at once and restarted, and once both are restarted gracefully in turn, as in a rollout.", false, runKills},
 		{"api-faults", "Each replica reaches the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from start-up to the end of the namespace deletion.", false, runAPIFaults},
 		{"concurrent", "Metal3Data created all at once, admitted by both replicas. Beyond the first 50 (two Metal3 IPPools and an InClusterIPPool each) they use the two Metal3 IPPools only: the in-cluster IPAM provider fulfils and releases one claim at a time at 20 requests/s, with no flag to raise either, and would need minutes for 1000 claims, and longer than the namespace controller's 15 s retry to release 100.", false, runConcurrent},
 		{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are.", true, runGate},
@@ -108,10 +108,10 @@ func runKills(ctx context.Context, sc *scenario) {
 	interval := time.Duration(size.kills) * 3200 * time.Millisecond / time.Duration(len(machines))
 	streamDone := make(chan struct{})
 	var killerDone sync.WaitGroup
-	var leaderKills, otherKills, bothKills atomic.Int64
+	var leaderKills, otherKills, bothKills, rollouts atomic.Int64
 	killerDone.Go(func() {
 		kills := 0
-		both := false
+		both, rolled := false, false
 		for {
 			select {
 			case <-streamDone:
@@ -136,6 +136,23 @@ func runKills(ctx context.Context, sc *scenario) {
 						sc.t.Error(err)
 					}
 				}
+				continue
+			}
+			if !rolled && kills >= size.kills*3/4 {
+				// A rollout: each replica in turn ends gracefully (it hands the lease on) and
+				// comes back, as a Deployment's rolling update replaces its pods.
+				for i := range rs.Len() {
+					rs.StopReplica(i)
+					sc.touch()
+					if err := rs.Restart(i); err != nil {
+						sc.t.Error(err)
+					}
+					if err := rs.WaitReady(ctx, i, 60*time.Second); err != nil {
+						sc.t.Error(err)
+					}
+				}
+				rollouts.Add(1)
+				rolled = true
 				continue
 			}
 			leader, hasLeader := rs.Leader()
@@ -174,6 +191,7 @@ func runKills(ctx context.Context, sc *scenario) {
 	sc.addFault("SIGKILL of the leader", leaderKills.Load())
 	sc.addFault("SIGKILL of the other replica (or of one while none led)", otherKills.Load())
 	sc.addFault("SIGKILL of both at once (2 kills each)", 2*bothKills.Load())
+	sc.addFault("graceful restarts of both in turn (a rollout)", int64(rs.Len())*rollouts.Load())
 	sc.figure("%d SIGKILLs over %d Metal3Data; %d restarts, %d exits nobody caused; the load balancer failed %d dials to a dead replica and found none up for %d connections",
 		after.Kills-before.Kills, len(machines), after.Restarts-before.Restarts, after.Crashes-before.Crashes,
 		lbAfter.FailedDials-lbBefore.FailedDials, lbAfter.Refused-lbBefore.Refused)
