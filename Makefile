@@ -10,6 +10,21 @@ export GONOSUMDB := github.com/metal3-io
 export KUBEBUILDER_ASSETS := $(BIN)
 export PATH := $(BIN):$(PATH)
 
+# VERSION is stamped into the binary (--version, the ip_preallocator_build_info metric) and labels
+# the release; IMG is the image the release's Deployment runs.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMG ?= ip-preallocator:$(VERSION)
+PLATFORMS ?= linux/amd64,linux/arm64
+RELEASE_DIR ?= out
+# Set exactly as CAPM3's variable of the same name (clusterctl substitutes both from the same
+# environment or clusterctl.yaml); make deploy substitutes it here.
+ENABLE_BMH_NAME_BASED_PREALLOCATION ?= false
+KUBECTL ?= kubectl
+# The one way the webhook binary is built: by make build here, in CI (the test harness runs it)
+# and in the Dockerfile. Static (no cgo), reproducible paths, the version stamped.
+WEBHOOK_BIN ?= $(BIN)/webhook
+GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
+
 .PHONY: all
 all: build
 
@@ -69,12 +84,45 @@ faults: tools ## Run the fault suite at full size (about 20 minutes); writes doc
 	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md go test -count=1 -v -timeout 60m ./faults
 
 .PHONY: build
-build: ## Build the webhook binary into bin/.
-	go build -o $(BIN)/webhook ./cmd/webhook
+build: ## Build the webhook binary into bin/ (static, VERSION stamped), as CI and the Dockerfile do.
+	$(GO_BUILD) -o $(WEBHOOK_BIN) ./cmd/webhook
 
 .PHONY: run
 run: build ## Run the webhook against the current kubeconfig, with certificates in $(CERT_DIR).
 	$(BIN)/webhook --webhook-cert-dir=$${CERT_DIR:-/tmp/k8s-webhook-server/serving-certs} --insecure-diagnostics
+
+##@ Release
+
+.PHONY: release
+release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml: config/default rendered with IMG and VERSION.
+	@mkdir -p $(RELEASE_DIR)
+	@overlay=$$(mktemp -d) && trap 'rm -rf "$$overlay"' EXIT && cd "$$overlay" && \
+	$(KUSTOMIZE) create --resources "$$(realpath --relative-to=. $(CURDIR)/config/default)" && \
+	$(KUSTOMIZE) edit set image ip-preallocator=$(IMG) && \
+	$(KUSTOMIZE) edit add label --without-selector --include-templates app.kubernetes.io/version:$(VERSION) && \
+	$(KUSTOMIZE) build . > $(abspath $(RELEASE_DIR))/install.yaml
+	@echo "$(RELEASE_DIR)/install.yaml: $(IMG), version $(VERSION)"
+
+.PHONY: docker-build
+docker-build: ## Build the image IMG for this machine's platform with docker.
+	docker build --build-arg VERSION=$(VERSION) -t $(IMG) .
+
+.PHONY: docker-buildx
+docker-buildx: ## Build and push the image IMG for PLATFORMS with docker buildx.
+	docker buildx build --platform=$(PLATFORMS) --build-arg VERSION=$(VERSION) -t $(IMG) --push .
+
+.PHONY: docker-push
+docker-push: ## Push the image IMG.
+	docker push $(IMG)
+
+.PHONY: deploy
+deploy: release ## Install the release into the cluster of the current kubeconfig (cert-manager must run).
+	sed 's/$${ENABLE_BMH_NAME_BASED_PREALLOCATION:=false}/$(ENABLE_BMH_NAME_BASED_PREALLOCATION)/' $(RELEASE_DIR)/install.yaml | \
+		$(KUBECTL) apply -f -
+
+.PHONY: undeploy
+undeploy: release ## Uninstall in the safe order: mutating webhook, waiting claims finished, the rest.
+	KUBECTL=$(KUBECTL) hack/undeploy.sh $(RELEASE_DIR)/install.yaml
 
 ##@ Tools
 

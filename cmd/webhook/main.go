@@ -89,10 +89,12 @@ func main() {
 	var o options
 	fs := pflag.NewFlagSet("webhook", pflag.ExitOnError)
 	o.addFlags(fs)
+	showVersion := addVersionFlag(fs)
 	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
 	_ = fs.Parse(os.Args[1:])
+	printVersionAndExit(*showVersion)
 	ctrl.SetLogger(klog.Background())
 
 	if err := run(ctrl.SetupSignalHandler(), o); err != nil {

@@ -59,6 +59,10 @@ type Options struct {
 	// AuditLog makes kube-apiserver log every request's metadata to AuditLogPath, for counting
 	// requests by client.
 	AuditLog bool
+	// ServiceRouting makes kube-apiserver call a webhook registered by Service at an endpoint of
+	// the Service (--enable-aggregator-routing) rather than at its cluster IP, which nothing
+	// routes here: RunDeployment publishes the webhook process as the Service's EndpointSlice.
+	ServiceRouting bool
 	// NamespaceController runs kube-controller-manager with the namespace controller next to the
 	// garbage collector, so that a deleted namespace is emptied and removed as in a cluster.
 	NamespaceController bool
@@ -145,6 +149,9 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		if err := cp.configureAudit(); err != nil {
 			return nil, err
 		}
+	}
+	if opts.ServiceRouting {
+		cp.Env.ControlPlane.GetAPIServer().Configure().Set("enable-aggregator-routing", "true")
 	}
 	if cp.Config, err = cp.Env.Start(); err != nil {
 		return nil, fmt.Errorf("starting etcd and kube-apiserver: %w", err)
@@ -422,10 +429,11 @@ func (cp *ControlPlane) StopInClusterIPAM() {
 	}
 }
 
-// WebhookBinary builds cmd/webhook into bin/ and returns its path.
+// WebhookBinary builds cmd/webhook into bin/ with make build, as CI and the Dockerfile build
+// it, and returns its path.
 func WebhookBinary(root string) (string, error) {
 	path := filepath.Join(root, "bin", "webhook")
-	cmd := exec.Command("go", "build", "-o", path, "./cmd/webhook")
+	cmd := exec.Command("make", "--no-print-directory", "build", "WEBHOOK_BIN="+path)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building the webhook: %w\n%s", err, out)

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// version is the release the binary was built as. The Makefile's build target, which CI and the
+// Dockerfile run, sets it: -ldflags "-X main.version=$(VERSION)". A plain go build leaves it empty
+// and the module's own version (usually "(devel)") is reported instead.
+var version string
+
+// buildInfo is exported as ip_preallocator_build_info, 1 for the running binary, so that a
+// dashboard or an alert can tell which version each replica runs during an upgrade.
+var buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "ip_preallocator_build_info",
+	Help: "The version of the running binary, its source revision and the Go version it was built with; always 1.",
+}, []string{"version", "revision", "goversion"})
+
+func init() {
+	metrics.Registry.MustRegister(buildInfo)
+	buildInfo.WithLabelValues(buildVersion(), buildRevision(), runtime.Version()).Set(1)
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
+		return info.Main.Version
+	}
+	return "(devel)"
+}
+
+// buildRevision is the VCS revision go build stamped, when it built from a checkout.
+func buildRevision() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	revision, dirty := "unknown", false
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if dirty {
+		revision += "-dirty"
+	}
+	return revision
+}
+
+// addVersionFlag registers --version.
+func addVersionFlag(fs *pflag.FlagSet) *bool {
+	return fs.Bool("version", false, "Print the version and exit.")
+}
+
+// printVersionAndExit prints the version and exits when --version was given.
+func printVersionAndExit(requested bool) {
+	if !requested {
+		return
+	}
+	fmt.Printf("ip-preallocator %s (revision %s, %s %s/%s)\n", buildVersion(), buildRevision(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	os.Exit(0)
+}
