@@ -295,7 +295,9 @@ func testUpgrade(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 	rejectLabelled(t)
 	waiting := w.rejectSome(t, 3)
 
-	apply(t, dir, version)
+	// This time with make deploy, which substitutes CAPM3's variable itself.
+	makeTarget(t, "deploy", "RELEASE_DIR="+dir, "IMG="+image(version), "VERSION="+version,
+		"ENABLE_BMH_NAME_BASED_PREALLOCATION=false", "KUBECTL="+filepath.Join(cp.Root, "bin", "kubectl"))
 	var pod *harness.Pod
 	waitFor(t, 90*time.Second, func() error {
 		if pod = dep.Current(); pod == nil || pod.Image != image(version) {
