@@ -168,6 +168,11 @@ func restMapping(ctx context.Context, mapper meta.RESTMapper, gk schema.GroupKin
 	}
 	done := make(chan result, 1)
 	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- result{err: fmt.Errorf("panic: %v", r)}
+			}
+		}()
 		mapping, err := mapper.RESTMapping(gk)
 		done <- result{mapping, err}
 	}()
