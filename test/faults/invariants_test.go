@@ -187,7 +187,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 		}
 		for i := range s.datas {
 			d := &s.datas[i]
-			if problem := renderedProblem(d, s, claims, sc.pools[ns]); problem != "" {
+			if problem := renderedProblem(d, s, claims); problem != "" {
 				notReady.add("Metal3Data %s: %s", describe(d), problem)
 			}
 		}
@@ -274,13 +274,17 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 		case !ok:
 			capm3Up.add("%s for a Metal3Data the suite did not admit (owner uid %s)", rec, rec.owner)
 		case a.answered():
-			capm3Up.add("%s for %s", rec, a)
 			switch {
 			case slices.Contains(a.recorded, rec.kind+"/"+rec.name):
-				capm3Recorded.add("%s; every claim of that name: %s", rec, recorder.named(rec.kind, rec.namespace, rec.name))
+				// The webhook's claim of that name went away before CAPM3 used it.
+				history := recorder.named(rec.kind, rec.namespace, rec.name)
+				capm3Up.add("%s for %s; every claim of that name: %s", rec, a, history)
+				capm3Recorded.add("%s; every claim of that name: %s", rec, history)
+				continue
 			case slices.ContainsFunc(a.warnings, func(w string) bool { return strings.Contains(w, " "+rec.name+" ") }):
 				capm3Warned.add("%s", rec)
 			}
+			capm3Up.add("%s for %s", rec, a)
 		default:
 			capm3Down.add("%s for %s", rec, a)
 		}
@@ -293,7 +297,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 
 // renderedProblem says what is wrong with a stored Metal3Data, or "" when it is Ready and CAPM3
 // rendered the addresses of its claims, one per pool, each owned by it.
-func renderedProblem(d *infrav1.Metal3Data, s *namespaceState, claims map[string]*claim, pools []string) string {
+func renderedProblem(d *infrav1.Metal3Data, s *namespaceState, claims map[string]*claim) string {
 	if !d.DeletionTimestamp.IsZero() {
 		return "still being deleted"
 	}
@@ -313,7 +317,11 @@ func renderedProblem(d *infrav1.Metal3Data, s *namespaceState, claims map[string
 		}
 	}
 	var problems []string
-	for _, pool := range pools {
+	template := ""
+	if d.Spec.Template != nil {
+		template = d.Spec.Template.Name
+	}
+	for _, pool := range poolsOf(template) {
 		cl, ok := claims[claimKind(pool)+"/"+d.Name+"-"+pool]
 		switch {
 		case !ok:
@@ -384,9 +392,10 @@ func sleepUntil(ctx context.Context, t time.Time) {
 func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 	late := namedCount{name: invNamespaces}
 	type result struct {
-		ns   string
-		took time.Duration
-		err  error
+		ns        string
+		took      time.Duration
+		err       error
+		remaining string
 	}
 	results := make(chan result, len(sc.namespaces))
 	for _, ns := range sc.namespaces {
@@ -402,8 +411,15 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 			if err := cp.Client.Get(ctx, client.ObjectKey{Name: ns}, obj); err == nil && obj.DeletionTimestamp != nil {
 				start = obj.DeletionTimestamp.Time
 			}
-			err := waitGone(ctx, obj, namespaceDeadline+30*time.Second-time.Since(start))
-			results <- result{ns: ns, took: time.Since(start), err: err}
+			err := waitGone(ctx, obj, namespaceDeadline-time.Since(start))
+			remaining := ""
+			if err != nil {
+				// What the namespace controller waits for at the deadline; then a while longer,
+				// to tell slow from stuck.
+				remaining = namespaceConditions(ctx, ns)
+				err = waitGone(ctx, obj, namespaceDeadline+30*time.Second-time.Since(start))
+			}
+			results <- result{ns: ns, took: time.Since(start), err: err, remaining: remaining}
 		}()
 	}
 	var longest time.Duration
@@ -411,7 +427,11 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 		r := <-results
 		longest = max(longest, r.took)
 		if r.err != nil || r.took > namespaceDeadline {
-			late.add("namespace %s: %v after deletion: %v%s", r.ns, r.took.Round(100*time.Millisecond), r.err, namespaceConditions(ctx, r.ns))
+			status := "gone"
+			if r.err != nil {
+				status = r.err.Error()
+			}
+			late.add("namespace %s: %v after deletion: %s; at %v%s", r.ns, r.took.Round(100*time.Millisecond), status, namespaceDeadline, r.remaining)
 		}
 	}
 	sc.figure("%d namespaces deleted, the slowest in %v", len(sc.namespaces), longest.Round(100*time.Millisecond))

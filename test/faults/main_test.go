@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/test/harness"
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
@@ -165,6 +164,3 @@ func chooseSizes() sizes {
 	}
 	return s
 }
-
-// threePools are the pools of template(false).
-var threePools = []string{fixtures.ProvisioningPool, fixtures.BaremetalPool, fixtures.ExternalPool}

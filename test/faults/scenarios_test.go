@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,7 +34,7 @@ func TestFaults(t *testing.T) {
 	}{
 		{"kills", "SIGKILL of the leader and of the other replica at random moments while Metal3Data are admitted, each restarted after a random pause; once per trial both are killed at once and restarted, and once both are restarted gracefully in turn, as in a rollout.", false, runKills},
 		{"api-faults", "Each replica reaches the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from start-up to the end of the namespace deletion.", false, runAPIFaults},
-		{"concurrent", "Metal3Data created all at once, admitted by both replicas. Beyond the first 50 (two Metal3 IPPools and an InClusterIPPool each) they use the two Metal3 IPPools only: the in-cluster IPAM provider fulfils and releases one claim at a time at 20 requests/s, with no flag to raise either, and would need minutes for 1000 claims, and longer than the namespace controller's 15 s retry to release 100.", false, runConcurrent},
+		{"concurrent", "Metal3Data created all at once, admitted by both replicas; one in twenty has a claim in the InClusterIPPool.", false, runConcurrent},
 		{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are.", true, runGate},
 		{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, runRecreate},
 		{"namespaces", "Namespaces are deleted while claims preallocated for rejected Metal3Data wait; in another namespace, waiting claims are deleted by hand and half their Metal3Data are accepted afterwards.", true, runNamespaces},
@@ -47,7 +48,9 @@ func TestFaults(t *testing.T) {
 				sc := newScenario(t, s.name, uint64(trial))
 				sc.trial = trial
 				started := time.Now()
+				load := loadAverage()
 				s.run(ctx, sc)
+				sc.figure("load average (1 min) of the machine: %s at the start, %s after the stream", load, loadAverage())
 				sc.finish(ctx, s.title, started)
 			}
 		})
@@ -63,15 +66,15 @@ func (sc *scenario) ns(parts ...any) string {
 	return name
 }
 
-// worlds creates namespaces of perNamespace machines, total machines in all; those after the
-// first threePoolNamespaces use template(true).
-func (sc *scenario) worlds(ctx context.Context, total, perNamespace, threePoolNamespaces int) ([]*world, []*fixtures.Machine) {
+// worlds creates namespaces of perNamespace machines, total machines in all, share of them with
+// an InClusterIPPool.
+func (sc *scenario) worlds(ctx context.Context, total, perNamespace int, share float64) ([]*world, []*fixtures.Machine) {
 	var worlds []*world
 	var all []*fixtures.Machine
 	for i := 0; total > 0; i++ {
 		n := min(total, perNamespace)
 		total -= n
-		w, err := sc.newWorldOf(ctx, sc.ns(i), n, i >= threePoolNamespaces)
+		w, err := sc.newWorld(ctx, sc.ns(i), n, share)
 		if err != nil {
 			sc.t.Fatal(err)
 		}
@@ -101,11 +104,12 @@ func ensureReplicas(ctx context.Context, t *testing.T) {
 func runKills(ctx context.Context, sc *scenario) {
 	sc.webhookFaults = true
 	rs := cp.Replicas
-	_, machines := sc.worlds(ctx, size.killData, 110, 1<<30)
+	_, machines := sc.worlds(ctx, size.killData, 110, inClusterShare)
 	before, lbBefore := rs.Counts(), rs.LoadBalancer().Counts()
 
-	// The stream lasts long enough for the kills: one every 1–3 s, each down for up to 1.5 s.
-	interval := time.Duration(size.kills) * 3200 * time.Millisecond / time.Duration(len(machines))
+	// The stream lasts about as long as the kills: one every 1–3 s, each down for up to 1.5 s,
+	// and for a third of them a wait of about 15 s for a new leader.
+	interval := time.Duration(size.kills) * 7 * time.Second / time.Duration(len(machines))
 	streamDone := make(chan struct{})
 	var killerDone sync.WaitGroup
 	var leaderKills, otherKills, bothKills, rollouts atomic.Int64
@@ -155,10 +159,20 @@ func runKills(ctx context.Context, sc *scenario) {
 				rolled = true
 				continue
 			}
+			// A third of the kills aim at the leader. After a SIGKILL its lease is only taken over
+			// once it expires (15 s), so wait for the next leader, and kill it at a random moment
+			// of its term.
+			wantLeader := sc.chance(1.0 / 3)
 			leader, hasLeader := rs.Leader()
+			for wait := time.Now().Add(25 * time.Second); wantLeader && !hasLeader && time.Now().Before(wait); {
+				time.Sleep(250 * time.Millisecond)
+				if leader, hasLeader = rs.Leader(); hasLeader {
+					time.Sleep(sc.random(0, time.Second))
+				}
+			}
 			victim := sc.intn(rs.Len())
 			if hasLeader {
-				if sc.chance(0.5) {
+				if wantLeader {
 					victim = leader
 				} else {
 					victim = (leader + 1 + sc.intn(rs.Len()-1)) % rs.Len()
@@ -219,7 +233,7 @@ func (sc *scenario) admissionFigures() {
 }
 
 func runGate(ctx context.Context, sc *scenario) {
-	worlds, machines := sc.worlds(ctx, size.gateData, 100, 1<<30)
+	worlds, machines := sc.worlds(ctx, size.gateData, 100, inClusterShare)
 	rejected := map[string]bool{}
 	retried := map[string]bool{}
 	for _, w := range worlds {
@@ -282,9 +296,7 @@ func runGate(ctx context.Context, sc *scenario) {
 // is replaced and CAPM3's template controller reuses the freed index: the Metal3Data has the same
 // name, its Metal3DataClaim, Metal3Machine, Machine and host are new.
 func generation(ctx context.Context, ns string, index, gen int) (*fixtures.Machine, error) {
-	tmpl := fixtures.ThreePoolTemplate("workers")
-	tmpl.Finalizers = []string{infrav1.DataTemplateFinalizer}
-	m := fixtures.NewMachine(tmpl, index).InNamespace(ns)
+	m := fixtures.NewMachine(template(workersTemplate), index).InNamespace(ns)
 	if gen > 0 {
 		suffix := fmt.Sprintf("-g%d", gen)
 		m.Machine.Name += suffix
@@ -309,7 +321,7 @@ func generation(ctx context.Context, ns string, index, gen int) (*fixtures.Machi
 }
 
 func runRecreate(ctx context.Context, sc *scenario) {
-	w, err := sc.newWorld(ctx, sc.ns(0), 0)
+	w, err := sc.newWorld(ctx, sc.ns(0), 0, 0)
 	if err != nil {
 		sc.t.Fatal(err)
 	}
@@ -393,7 +405,7 @@ func runNamespaces(ctx context.Context, sc *scenario) {
 	var deleted, waitingAtDeletion atomic.Int64
 	var nsDeletions sync.WaitGroup
 	for i := range size.deletedNamespaces {
-		w, err := sc.newWorld(ctx, sc.ns("deleted", i), size.machinesPerNamespace)
+		w, err := sc.newWorld(ctx, sc.ns("deleted", i), size.machinesPerNamespace, inClusterShare)
 		if err != nil {
 			sc.t.Fatal(err)
 		}
@@ -419,7 +431,7 @@ func runNamespaces(ctx context.Context, sc *scenario) {
 	}
 
 	// Waiting claims deleted by hand; half their Metal3Data are accepted afterwards.
-	w, err := sc.newWorld(ctx, sc.ns("by-hand"), size.handDeleted)
+	w, err := sc.newWorld(ctx, sc.ns("by-hand"), size.handDeleted, inClusterShare)
 	if err != nil {
 		sc.t.Fatal(err)
 	}
@@ -438,8 +450,8 @@ func runNamespaces(ctx context.Context, sc *scenario) {
 		}
 		work.Go(func() {
 			time.Sleep(sc.random(0, gracePeriod*6/10))
-			for _, pool := range threePools {
-				// All three claims of half the machines, one of the others'.
+			for _, pool := range poolsOf(m.Data.Spec.Template.Name) {
+				// Every claim of half the machines, the provisioning claim of the others.
 				if pool != fixtures.ProvisioningPool && sc.chance(0.5) {
 					continue
 				}
@@ -537,7 +549,7 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 		}
 	}
 	ensureReplicas(ctx, sc.t)
-	_, machines := sc.worlds(ctx, size.apiFaultData, 100, 1<<30)
+	_, machines := sc.worlds(ctx, size.apiFaultData, 100, inClusterShare)
 	stream(machines, 4, 100*time.Millisecond, func(m *fixtures.Machine) { sc.admit(ctx, m.Data) })
 	sc.touch()
 	sc.admissionFigures()
@@ -561,6 +573,10 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 	}
 }
 
+// concurrentInClusterShare keeps the in-cluster IPAM's share of the concurrent burst at 50 claims
+// in 1000: it would need minutes for more.
+const concurrentInClusterShare = 0.05
+
 const mutatePath = "/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate"
 
 // webhookRequests sums controller_runtime_webhook_requests_total of the mutating webhook.
@@ -581,7 +597,7 @@ func webhookRequests(metrics string) int64 {
 
 func runConcurrent(ctx context.Context, sc *scenario) {
 	rs := cp.Replicas
-	_, machines := sc.worlds(ctx, size.concurrentData, 50, 1)
+	_, machines := sc.worlds(ctx, size.concurrentData, 100, concurrentInClusterShare)
 	before := make([]int64, rs.Len())
 	for i := range before {
 		m, err := rs.Metrics(i)
@@ -626,6 +642,16 @@ func runConcurrent(ctx context.Context, sc *scenario) {
 		len(machines), took.Round(time.Millisecond), percentile(latencies, 0.5).Round(time.Millisecond),
 		percentile(latencies, 0.99).Round(time.Millisecond), percentile(latencies, 1).Round(time.Millisecond), strings.Join(perReplica, ", "))
 	sc.admissionFigures()
+}
+
+// loadAverage is the machine's 1-minute load average: the suite shares the cores with whatever
+// else runs.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(data))[0]
 }
 
 func namespace(name string) client.Object {

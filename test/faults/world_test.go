@@ -40,8 +40,6 @@ type scenario struct {
 
 	mu         sync.Mutex
 	namespaces []string
-	// pools are the pools of each namespace's template.
-	pools      map[string][]string
 	admissions []admission
 	faults     []namedCount
 	figures    []string
@@ -231,39 +229,51 @@ type world struct {
 // ValidatingAdmissionPolicy) may reject.
 const gateLabel = "test.ip-preallocator.metal3.io/gated"
 
-// template is the fixtures' ThreePoolTemplate (two Metal3 IPPools and an InClusterIPPool), or
-// without the InClusterIPPool when metal3Only. It carries the finalizer of CAPM3's
-// Metal3DataTemplate controller, which the stand-in removes once no Metal3Data is left: CAPM3
-// needs the template to release a Metal3Data's claims.
-func template(metal3Only bool) (*infrav1.Metal3DataTemplate, []string) {
-	tmpl := fixtures.ThreePoolTemplate("workers")
+// Every namespace has two templates: workersTemplate, the fixtures' ThreePoolTemplate (two Metal3
+// IPPools and an InClusterIPPool), and mastersTemplate, the same without the InClusterIPPool. Only
+// a share of the machines use the first: the in-cluster IPAM provider fulfils and releases one
+// claim at a time at 20 requests/s (no flag raises either), so with every machine on it, it alone
+// would keep Metal3Data from being Ready, and namespaces from being deleted, for longer than the
+// checks allow.
+const (
+	workersTemplate = "workers"
+	mastersTemplate = "masters"
+)
+
+// inClusterShare is the default share of machines whose template has an InClusterIPPool.
+const inClusterShare = 0.2
+
+// template returns a template and its pools. It carries the finalizer of CAPM3's
+// Metal3DataTemplate controller, which the stand-in removes once no Metal3Data of it is left:
+// CAPM3 needs the template to release a Metal3Data's claims.
+func template(name string) *infrav1.Metal3DataTemplate {
+	tmpl := fixtures.ThreePoolTemplate(name)
 	tmpl.Finalizers = []string{infrav1.DataTemplateFinalizer}
-	if !metal3Only {
-		return tmpl, []string{fixtures.ProvisioningPool, fixtures.BaremetalPool, fixtures.ExternalPool}
+	if name == mastersTemplate {
+		networks := tmpl.Spec.NetworkData.Networks
+		networks.IPv4 = slices.DeleteFunc(networks.IPv4, func(n infrav1.NetworkDataIPv4) bool { return n.FromPoolRef.Name == fixtures.ExternalPool })
 	}
-	networks := tmpl.Spec.NetworkData.Networks
-	networks.IPv4 = slices.DeleteFunc(networks.IPv4, func(n infrav1.NetworkDataIPv4) bool { return n.FromPoolRef.Name == fixtures.ExternalPool })
-	return tmpl, []string{fixtures.ProvisioningPool, fixtures.BaremetalPool}
+	return tmpl
 }
 
-// newWorld creates namespace ns and n machines of template(false) in it.
-func (sc *scenario) newWorld(ctx context.Context, ns string, n int) (*world, error) {
-	return sc.newWorldOf(ctx, ns, n, false)
+// poolsOf are the pools a Metal3Data of the template has claims in.
+func poolsOf(templateName string) []string {
+	if templateName == mastersTemplate {
+		return []string{fixtures.ProvisioningPool, fixtures.BaremetalPool}
+	}
+	return []string{fixtures.ProvisioningPool, fixtures.BaremetalPool, fixtures.ExternalPool}
 }
 
-// newWorldOf creates namespace ns and n machines of template(metal3Only) in it.
-func (sc *scenario) newWorldOf(ctx context.Context, ns string, n int, metal3Only bool) (*world, error) {
+// newWorld creates namespace ns, its Cluster, pools and templates, and n machines, of which a
+// share uses workersTemplate (machine i does when i*share crosses an integer, so they are spread
+// over the stream) and the others mastersTemplate.
+func (sc *scenario) newWorld(ctx context.Context, ns string, n int, share float64) (*world, error) {
 	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{gateLabel: "true"}}}
 	if err := cp.Client.Create(ctx, nsObj); err != nil {
 		return nil, err
 	}
-	tmpl, pools := template(metal3Only)
 	sc.mu.Lock()
 	sc.namespaces = append(sc.namespaces, ns)
-	if sc.pools == nil {
-		sc.pools = map[string][]string{}
-	}
-	sc.pools[ns] = pools
 	sc.mu.Unlock()
 	for _, pool := range []client.Object{
 		fixtures.Metal3Pool(fixtures.ProvisioningPool, "172.16"),
@@ -275,16 +285,22 @@ func (sc *scenario) newWorldOf(ctx context.Context, ns string, n int, metal3Only
 			return nil, err
 		}
 	}
-	w := &world{ns: ns, machines: make([]*fixtures.Machine, n)}
-	shared := fixtures.NewMachine(tmpl.DeepCopy(), 0).InNamespace(ns)
-	for _, obj := range []client.Object{shared.Cluster, shared.Template} {
-		obj.SetUID("")
-		if err := cp.Client.Create(ctx, obj); err != nil {
-			return nil, err
+	for _, name := range []string{workersTemplate, mastersTemplate} {
+		shared := fixtures.NewMachine(template(name), 0).InNamespace(ns)
+		for _, obj := range []client.Object{shared.Cluster, shared.Template} {
+			obj.SetUID("")
+			if err := cp.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+				return nil, err
+			}
 		}
 	}
+	w := &world{ns: ns, machines: make([]*fixtures.Machine, n)}
 	err := parallel(16, n, func(i int) error {
-		m := fixtures.NewMachine(tmpl.DeepCopy(), i).InNamespace(ns)
+		name := mastersTemplate
+		if int(float64(i+1)*share) > int(float64(i)*share) {
+			name = workersTemplate
+		}
+		m := fixtures.NewMachine(template(name), i).InNamespace(ns)
 		w.machines[i] = m
 		return harness.CreateMachine(ctx, cp.Client, m)
 	})
