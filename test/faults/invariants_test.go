@@ -423,9 +423,16 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 		}()
 	}
 	var longest time.Duration
+	slow, stuck := 0, 0
 	for range sc.namespaces {
 		r := <-results
 		longest = max(longest, r.took)
+		switch {
+		case r.err != nil:
+			stuck++
+		case r.took > namespaceDeadline:
+			slow++
+		}
 		if r.err != nil || r.took > namespaceDeadline {
 			status := "gone"
 			if r.err != nil {
@@ -434,7 +441,8 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 			late.add("namespace %s: %v after deletion: %s; at %v%s", r.ns, r.took.Round(100*time.Millisecond), status, namespaceDeadline, r.remaining)
 		}
 	}
-	sc.figure("%d namespaces deleted, the slowest in %v", len(sc.namespaces), longest.Round(100*time.Millisecond))
+	sc.figure("%d namespaces deleted, the slowest in %v; %d gone only after %v, %d still there %v later",
+		len(sc.namespaces), longest.Round(100*time.Millisecond), slow, namespaceDeadline, stuck, 30*time.Second)
 	return late
 }
 

@@ -123,6 +123,9 @@ type sizes struct {
 	name string
 	// trials is how many times each scenario runs, on fresh namespaces.
 	trials int
+	// perNamespace is how many machines a namespace holds in the streaming scenarios: all of a
+	// namespace's Metal3Data are released at once when it is deleted.
+	perNamespace int
 	// kills: Metal3Data streamed and SIGKILLs sent meanwhile.
 	killData, kills int
 	// gate: Metal3Data streamed, of which a share is rejected after our mutation.
@@ -140,7 +143,7 @@ type sizes struct {
 
 func chooseSizes() sizes {
 	s := sizes{
-		name: "quick", trials: 1,
+		name: "quick", trials: 1, perNamespace: 50,
 		killData: 40, kills: 6,
 		gateData:      20,
 		recreateNames: 4, recreateRounds: 3,
@@ -150,7 +153,7 @@ func chooseSizes() sizes {
 	}
 	if os.Getenv("FAULTS_FULL") != "" {
 		s = sizes{
-			name: "full", trials: 1,
+			name: "full", trials: 1, perNamespace: 100,
 			killData: 220, kills: 24,
 			gateData:      200,
 			recreateNames: 20, recreateRounds: 8,

@@ -104,7 +104,7 @@ func ensureReplicas(ctx context.Context, t *testing.T) {
 func runKills(ctx context.Context, sc *scenario) {
 	sc.webhookFaults = true
 	rs := cp.Replicas
-	_, machines := sc.worlds(ctx, size.killData, 110, inClusterShare)
+	_, machines := sc.worlds(ctx, size.killData, size.perNamespace, inClusterShare)
 	before, lbBefore := rs.Counts(), rs.LoadBalancer().Counts()
 
 	// The stream lasts about as long as the kills: one every 1–3 s, each down for up to 1.5 s,
@@ -233,7 +233,7 @@ func (sc *scenario) admissionFigures() {
 }
 
 func runGate(ctx context.Context, sc *scenario) {
-	worlds, machines := sc.worlds(ctx, size.gateData, 100, inClusterShare)
+	worlds, machines := sc.worlds(ctx, size.gateData, size.perNamespace, inClusterShare)
 	rejected := map[string]bool{}
 	retried := map[string]bool{}
 	for _, w := range worlds {
@@ -549,7 +549,7 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 		}
 	}
 	ensureReplicas(ctx, sc.t)
-	_, machines := sc.worlds(ctx, size.apiFaultData, 100, inClusterShare)
+	_, machines := sc.worlds(ctx, size.apiFaultData, size.perNamespace, inClusterShare)
 	stream(machines, 4, 100*time.Millisecond, func(m *fixtures.Machine) { sc.admit(ctx, m.Data) })
 	sc.touch()
 	sc.admissionFigures()
@@ -597,7 +597,7 @@ func webhookRequests(metrics string) int64 {
 
 func runConcurrent(ctx context.Context, sc *scenario) {
 	rs := cp.Replicas
-	_, machines := sc.worlds(ctx, size.concurrentData, 100, concurrentInClusterShare)
+	_, machines := sc.worlds(ctx, size.concurrentData, size.perNamespace, concurrentInClusterShare)
 	before := make([]int64, rs.Len())
 	for i := range before {
 		m, err := rs.Metrics(i)

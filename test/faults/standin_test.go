@@ -111,7 +111,9 @@ func startTemplateStandIn(ctx context.Context, cfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	opts := controller.Options{MaxConcurrentReconciles: 4, SkipNameValidation: ptr.To(true)}
+	// As many workers as CAPM3's Metal3Data controller, so that the stand-in does not pace a
+	// namespace deletion.
+	opts := controller.Options{MaxConcurrentReconciles: 10, SkipNameValidation: ptr.To(true)}
 	if err := ctrl.NewControllerManagedBy(mgr).Named("stand-in-metal3data").For(&infrav1.Metal3Data{}).WithOptions(opts).
 		Complete(&dataFinalizerStandIn{c: mgr.GetClient(), live: mgr.GetAPIReader()}); err != nil {
 		return err

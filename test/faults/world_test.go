@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -410,5 +409,3 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	i := int(p*float64(len(s))+0.999999) - 1
 	return s[max(0, min(i, len(s)-1))]
 }
-
-var errTimeout = errors.New("timed out")
