@@ -3,13 +3,14 @@ package allocation
 import (
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 )
 
 func testData() *infrav1.Metal3Data {
@@ -62,10 +63,10 @@ func TestPlan(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			data := testData()
 			got := Plan(data, []PoolRef{metal3("m3"), capiPool}, "host", tc.bmhNameBased)
-			if diff := cmp.Diff(tc.want, got); diff != "" {
+			if diff := fixtures.Diff(tc.want, got); diff != "" {
 				t.Errorf("plan (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(testData(), data); diff != "" {
+			if diff := fixtures.Diff(testData(), data); diff != "" {
 				t.Errorf("Plan modified the Metal3Data:\n%s", diff)
 			}
 			if got[0].Kind() != KindIPClaim || got[1].Kind() != KindIPAddressClaim {

@@ -4,10 +4,11 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 )
 
 const ann = "example.com/pool"
@@ -18,8 +19,6 @@ func machineWith(machine, m3m, bmh string) Machine {
 	}
 	return Machine{Machine: obj(machine), Metal3Machine: obj(m3m), BareMetalHost: obj(bmh)}
 }
-
-var equatePaths = cmp.Comparer(func(a, b *field.Path) bool { return a.String() == b.String() })
 
 func metal3(name string) PoolRef {
 	return PoolRef{Name: name, APIGroup: Metal3PoolGroup, Kind: Metal3PoolKind}
@@ -188,7 +187,7 @@ func TestReferencedPools(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
+			if diff := fixtures.Diff(tc.want, got); diff != "" {
 				t.Errorf("pools (-want +got):\n%s", diff)
 			}
 		})
@@ -213,7 +212,7 @@ func TestConflictIsErrConflictingPoolTypes(t *testing.T) {
 		First:     metal3("p"),
 		FirstPath: field.NewPath("spec", "networkData", "networks", "ipv4").Index(0).Child("ipAddressFromIPPool"),
 	}
-	if diff := cmp.Diff(want, *conflict, equatePaths); diff != "" {
+	if diff := fixtures.Diff(want, *conflict); diff != "" {
 		t.Errorf("conflict (-want +got):\n%s", diff)
 	}
 }
@@ -237,7 +236,7 @@ func TestResolveReportsEveryError(t *testing.T) {
 		`spec.networkData.networks.ipv4[1].fromPoolRef: pool "a": multiple references with the same name but different resource types (ipam.metal3.io/K and ipam.metal3.io/IPPool at spec.networkData.networks.ipv4[0].ipAddressFromIPPool)`,
 		`spec.networkData.networks.ipv4[3].fromPoolRef: pool "b": multiple references with the same name but different resource types (g/IPPool and ipam.metal3.io/IPPool at spec.networkData.networks.ipv4[2].ipAddressFromIPPool)`,
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := fixtures.Diff(want, got); diff != "" {
 		t.Errorf("errors (-want +got):\n%s", diff)
 	}
 	var unknown *UnknownObjectError
@@ -248,7 +247,7 @@ func TestResolveReportsEveryError(t *testing.T) {
 		{PoolRef: metal3("a"), Path: field.NewPath("spec", "networkData", "networks", "ipv4").Index(0).Child("ipAddressFromIPPool")},
 		{PoolRef: metal3("b"), Path: field.NewPath("spec", "networkData", "networks", "ipv4").Index(2).Child("ipAddressFromIPPool")},
 	}
-	if diff := cmp.Diff(wantPools, pools, equatePaths); diff != "" {
+	if diff := fixtures.Diff(wantPools, pools); diff != "" {
 		t.Errorf("pools (-want +got):\n%s", diff)
 	}
 }
@@ -261,7 +260,7 @@ func TestCheckAnnotationObject(t *testing.T) {
 		}
 	}
 	err := CheckAnnotationObject(path, "cluster")
-	if diff := cmp.Diff(&UnknownObjectError{Path: path, Object: "cluster"}, err, equatePaths); diff != "" {
+	if diff := fixtures.Diff(&UnknownObjectError{Path: path, Object: "cluster"}, err); diff != "" {
 		t.Errorf("error (-want +got):\n%s", diff)
 	}
 }
@@ -299,7 +298,7 @@ func TestReferencesPaths(t *testing.T) {
 		"spec.networkData.networks.ipv4[0].routes[0].gateway.fromIPPool",
 		"spec.networkData.networks.ipv4[0].routes[0].services.dnsFromIPPool",
 	}
-	if diff := cmp.Diff(want, paths); diff != "" {
+	if diff := fixtures.Diff(want, paths); diff != "" {
 		t.Errorf("paths (-want +got):\n%s", diff)
 	}
 	if gk := References(tmpl)[0].MetaDataGroupKind; gk == nil || *gk != (metav1.GroupKind{Group: "g", Kind: "k"}) {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
-	"github.com/google/go-cmp/cmp"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -48,5 +47,5 @@ func applyPatch(t *testing.T, req admission.Request, resp admission.Response) *i
 }
 
 func cmpData(want, got *infrav1.Metal3Data) string {
-	return cmp.Diff(want, got)
+	return fixtures.Diff(want, got)
 }

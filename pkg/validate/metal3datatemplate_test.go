@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -76,7 +75,7 @@ func TestValidateWarnsAboutPoolsThatAreNotThere(t *testing.T) {
 				`spec.networkData.networks.ipv4[1].ipAddressFromIPPool: IPPool.ipam.metal3.io "absent" does not exist in namespace "ns"`,
 				`spec.networkData.networks.ipv4[2].fromPoolRef: no installed API serves InClusterIPPool.ipam.cluster.x-k8s.io for pool "capi"`,
 			}
-			if diff := cmp.Diff(want, []string(warnings)); diff != "" {
+			if diff := fixtures.Diff(want, []string(warnings)); diff != "" {
 				t.Errorf("warnings (-want +got):\n%s", diff)
 			}
 		})

@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -124,10 +123,10 @@ func expectVerdict(t *testing.T, errs field.ErrorList, warnings, wantErrs, wantW
 	for _, err := range errs {
 		got = append(got, err.Error())
 	}
-	if diff := cmp.Diff(wantErrs, got); diff != "" {
+	if diff := fixtures.Diff(wantErrs, got); diff != "" {
 		t.Errorf("errors (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(wantWarnings, warnings); diff != "" {
+	if diff := fixtures.Diff(wantWarnings, warnings); diff != "" {
 		t.Errorf("warnings (-want +got):\n%s", diff)
 	}
 }
