@@ -1,8 +1,10 @@
-// Command bench measures what preallocation buys against stock CAPM3: the real CAPM3 v1.13.2
-// Metal3Data controller, the real Metal3 IPAM v1.13.2 (both in-process, set up as their main.go
-// sets them up) and the Cluster API in-cluster IPAM provider (a process) run against a local API
-// server, with ip-preallocator's mutating webhook registered (preallocated) or not (stock), in the
-// same invocation. See docs/benchmarks.md.
+// Command bench measures what preallocation buys against stock CAPM3 on the path Metal3Data take
+// in a cluster: Metal3DataClaims are created (as CAPM3's Metal3Machine controller does), CAPM3's
+// own Metal3DataTemplate controller creates the Metal3Data one after another, ip-preallocator's
+// mutating webhook admits them (preallocated) or is not registered (stock), and CAPM3's Metal3Data
+// controller and the IPAMs make them Ready. CAPM3 v1.13.2's two controllers and the Metal3 IPAM
+// v1.13.2 run in-process, set up as their main.go sets them up, the Cluster API in-cluster IPAM
+// provider as a process, all against a local API server. See docs/benchmarks.md.
 package main
 
 import (
@@ -26,7 +28,13 @@ import (
 
 type config struct {
 	idle, burst, backlog int
-	// pause bounds how long CAPM3 stays stopped while the IPAMs fulfil a preallocated backlog.
+	// templates is how many Metal3DataTemplates the spread burst's claims are divided among.
+	templates int
+	// repeats is how often each mode of a scenario runs; with two, stock and preallocated run in
+	// the order A B B A, so that the spread between a mode's two runs measures the noise.
+	repeats int
+	// pause bounds how long CAPM3's Metal3Data controller stays held, once every Metal3Data
+	// exists, while the IPAMs fulfil a preallocated backlog.
 	pause   time.Duration
 	timeout time.Duration
 	results string
@@ -35,10 +43,12 @@ type config struct {
 
 func main() {
 	var c config
-	flag.IntVar(&c.idle, "idle", 20, "Metal3Data created one after another in the idle scenario.")
-	flag.IntVar(&c.burst, "burst", 200, "Metal3Data created at once in the burst scenarios.")
-	flag.IntVar(&c.backlog, "backlog", 200, "Metal3Data created while CAPM3 is stopped in the backlog scenario.")
-	flag.DurationVar(&c.pause, "backlog-pause", time.Minute, "At most how long CAPM3 stays stopped while the IPAMs fulfil a preallocated backlog; stock waits as long.")
+	flag.IntVar(&c.idle, "idle", 20, "Metal3DataClaims created one after another in the idle scenario.")
+	flag.IntVar(&c.burst, "burst", 200, "Metal3DataClaims created at once in the burst scenarios.")
+	flag.IntVar(&c.templates, "templates", 10, "Metal3DataTemplates the claims of the burst-spread scenario are divided among.")
+	flag.IntVar(&c.backlog, "backlog", 200, "Metal3DataClaims created while CAPM3's Metal3Data controller is held, in the backlog scenario.")
+	flag.IntVar(&c.repeats, "repeats", 1, "Runs of each mode per scenario; 2 runs them A B B A and reports the noise.")
+	flag.DurationVar(&c.pause, "backlog-pause", time.Minute, "At most how long CAPM3's Metal3Data controller stays held, once every Metal3Data exists, while the IPAMs fulfil a preallocated backlog.")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
@@ -63,17 +73,29 @@ type setting struct {
 
 type scenario struct {
 	Name string
+	Kind string // idle, burst or backlog
+	// Spread divides the claims among config.templates templates instead of one.
+	Spread bool
 	// IPAM overrides the setting's IPAM options.
 	IPAM *stack.Options
-	Kind string // idle, burst or backlog
+	// NoOp adds a run with the webhook registered but admitting every Metal3Data unchanged, to
+	// tell what any webhook costs CAPM3's template loop from what preallocation costs.
+	NoOp bool
+	// Repeats, when above config.repeats, is how often each mode runs: where preallocated and
+	// stock come close, the spread between two runs of one mode tells whether they differ.
+	Repeats int
 }
 
 var raised = stack.Options{QPS: 1000, Burst: 2000}
 
-// settings are the two client rate limit configurations. Idle Metal3Data do not meet a rate
-// limit, so idle runs only at the defaults. The backlog scenario measures CAPM3's queue, not the
-// IPAM's throughput (the burst scenarios do), so its IPAM runs with the raised limit: at 20/s the
-// IPAM alone needs minutes for the claims of 200 machines.
+// settings are the two client rate limit configurations. Idle machines do not meet a rate limit,
+// so idle runs only at the defaults. At the defaults the template controllers of every template
+// share one rate limiter per resource type, so a burst spread over templates arrives as a burst of
+// one does; with raised limits each template's loop is paced by the latency of its creates,
+// admission included, and templates loop in parallel: the spread burst runs there, and so does the
+// no-op webhook run that tells what admission costs. The backlog scenario measures CAPM3's
+// Metal3Data queue, not the IPAM's throughput (the bursts do), so its IPAM runs with the raised
+// limit: at 20/s the IPAM alone needs minutes for the claims of 200 machines.
 func settings() []setting {
 	return []setting{
 		{
@@ -81,7 +103,6 @@ func settings() []setting {
 			Scenarios: []scenario{
 				{Name: "idle", Kind: "idle"},
 				{Name: "burst", Kind: "burst"},
-				{Name: "burst-fast-ipam", Kind: "burst", IPAM: &raised},
 				{Name: "backlog", Kind: "backlog", IPAM: &raised},
 			},
 		},
@@ -90,11 +111,27 @@ func settings() []setting {
 			CAPM3: raised,
 			IPAM:  raised,
 			Scenarios: []scenario{
-				{Name: "burst", Kind: "burst"},
-				{Name: "backlog", Kind: "backlog"},
+				{Name: "burst-spread", Kind: "burst", Spread: true, Repeats: 2},
+				{Name: "burst", Kind: "burst", NoOp: true, Repeats: 2},
 			},
 		},
 	}
+}
+
+// modes returns the order in which a scenario's modes run: stock and preallocated alternate which
+// goes first from one scenario to the next; repeats mirror the order (A B B A) so that a drift in
+// the machine's load cancels out.
+func modes(index, repeats int) []string {
+	order := []string{modeStock, modePreallocated}
+	if index%2 == 1 {
+		order = []string{modePreallocated, modeStock}
+	}
+	out := order
+	for r := 1; r < repeats; r++ {
+		order = []string{order[1], order[0]}
+		out = append(out, order...)
+	}
+	return out
 }
 
 func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
@@ -113,7 +150,10 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	defer logs.Close()
 
 	fmt.Fprintf(out, "Logs in %s\n", dir)
-	cp, err := harness.Start(ctx, harness.Options{Webhook: true, AuditLog: true, Dir: dir})
+	// One webhook replica, without leader election: on this shared machine its lease renewals
+	// sometimes missed their deadline, and a replica that loses the lease exits, taking the
+	// admission server with it. Its controllers run as on a leader.
+	cp, err := harness.Start(ctx, harness.Options{Webhook: true, AuditLog: true, Dir: dir, WebhookArgs: []string{"--leader-elect=false"}})
 	if err != nil {
 		return nil, err
 	}
@@ -125,60 +165,87 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &bench{cp: cp, ready: ready, cfg: c, out: out}
+	b := &bench{cp: cp, ready: ready, cfg: c, out: out, load: startLoadSampler(ctx)}
 
 	report := &Report{Machine: machine(), Started: time.Now().UTC()}
+	if err := b.runScenarios(ctx, report); err != nil {
+		return report, err
+	}
+	report.Finished = time.Now().UTC()
+	report.Load = b.load.summary()
+	report.finish()
+	printReport(out, report)
+	return report, save(report, root, c.results, out)
+}
+
+// runScenarios runs every selected scenario in every mode, then the no-op webhook runs: they
+// restart the webhook process, so the webhook's footprint is read before.
+func (b *bench) runScenarios(ctx context.Context, report *Report) error {
+	var noop []func() error
 	for _, s := range settings() {
 		for i, sc := range s.Scenarios {
-			if !strings.Contains(s.Name+"/"+sc.Name, c.only) {
+			if !strings.Contains(s.Name+"/"+sc.Name, b.cfg.only) {
 				continue
 			}
-			modes := []string{modeStock, modePreallocated}
-			if i%2 == 1 || sc.Kind == "backlog" {
-				modes = []string{modePreallocated, modeStock}
-			}
-			for _, mode := range modes {
-				r, err := b.runOne(ctx, s, sc, mode)
-				if err != nil {
-					return report, fmt.Errorf("%s/%s/%s: %w", s.Name, sc.Name, mode, err)
+			for repeat, mode := range modes(i, max(b.cfg.repeats, sc.Repeats)) {
+				if err := b.runAndRecord(ctx, report, s, sc, mode, repeat/2); err != nil {
+					return err
 				}
-				report.Runs = append(report.Runs, r)
-				printRun(out, r)
+			}
+			if sc.NoOp {
+				noop = append(noop, func() error { return b.runAndRecord(ctx, report, s, sc, modeNoOp, 0) })
 			}
 		}
 	}
-	noop, err := b.admissionLatency(ctx)
-	if err != nil {
-		return report, err
-	}
-	report.Admission = noop
+	var err error
 	if report.Webhook, err = b.webhookFootprint(); err != nil {
-		return report, err
+		return err
 	}
-	report.ratios()
-	report.Finished = time.Now().UTC()
-	printReport(out, report)
+	if len(noop) > 0 {
+		if err := b.webhookAdmitsUnchanged(ctx); err != nil {
+			return err
+		}
+	}
+	for _, r := range noop {
+		if err := r(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
-	if c.results == "" {
-		return report, nil
+func (b *bench) runAndRecord(ctx context.Context, report *Report, s setting, sc scenario, mode string, repeat int) error {
+	r, err := b.runOne(ctx, s, sc, mode, repeat)
+	if err != nil {
+		return fmt.Errorf("%s/%s/%s: %w", s.Name, sc.Name, mode, err)
 	}
-	resultsDir := c.results
-	if !filepath.IsAbs(resultsDir) {
-		resultsDir = filepath.Join(root, resultsDir)
+	report.Runs = append(report.Runs, r)
+	printRun(b.out, r)
+	return nil
+}
+
+// save writes results.json and the plot.
+func save(report *Report, root, results string, out io.Writer) error {
+	if results == "" {
+		return nil
 	}
-	if err := os.MkdirAll(resultsDir, 0o755); err != nil {
-		return report, err
+	dir := results
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(root, dir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
 	}
 	data, err := json.MarshalIndent(report, "", "  ")
 	if err != nil {
-		return report, err
+		return err
 	}
-	if err := os.WriteFile(filepath.Join(resultsDir, "results.json"), data, 0o644); err != nil {
-		return report, err
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), data, 0o644); err != nil {
+		return err
 	}
-	if err := plotCDF(report, filepath.Join(resultsDir, "time-to-ready.png")); err != nil {
-		return report, err
+	if err := plotCDF(report, filepath.Join(dir, "time-to-ready.png")); err != nil {
+		return err
 	}
-	fmt.Fprintf(out, "Results in %s\n", resultsDir)
-	return report, nil
+	fmt.Fprintf(out, "Results in %s\n", dir)
+	return nil
 }

@@ -13,14 +13,20 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// plotCDF draws, for each scenario, the cumulative distribution of time to Ready of both modes.
+var modeColors = map[string]color.Color{
+	modeStock:        color.RGBA{R: 200, G: 60, B: 40, A: 255},
+	modePreallocated: color.RGBA{R: 30, G: 90, B: 200, A: 255},
+	modeNoOp:         color.RGBA{R: 90, G: 160, B: 60, A: 255},
+}
+
+// plotCDF draws, for each scenario, the cumulative distribution of time to Ready of every run.
 func plotCDF(r *Report, path string) error {
 	var panels [][]*plot.Plot
 	var row []*plot.Plot
-	for _, q := range r.Ratios {
+	for _, q := range r.Comparisons {
 		p := plot.New()
 		p.Title.Text = q.Setting + " / " + q.Scenario
-		p.X.Label.Text = "seconds from create to Ready"
+		p.X.Label.Text = "seconds from the Metal3DataClaim's create to Ready"
 		p.Y.Label.Text = "fraction of Metal3Data"
 		p.Y.Min, p.Y.Max = 0, 1
 		for _, run := range r.Runs {
@@ -38,12 +44,12 @@ func plotCDF(r *Report, path string) error {
 				return err
 			}
 			line.Width = vg.Points(1.5)
-			line.Color = color.RGBA{R: 200, G: 60, B: 40, A: 255}
-			if run.Mode == modePreallocated {
-				line.Color = color.RGBA{R: 30, G: 90, B: 200, A: 255}
+			line.Color = modeColors[run.Mode]
+			if run.Repeat > 0 {
+				line.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
 			}
 			p.Add(line)
-			p.Legend.Add(fmt.Sprintf("%s (p50 %.1fs)", run.Mode, run.Ready.P50), line)
+			p.Legend.Add(fmt.Sprintf("%s #%d (p50 %.1fs)", run.Mode, run.Repeat+1, run.Ready.P50), line)
 		}
 		p.Legend.Top, p.Legend.Left = false, false
 		p.Legend.YOffs = vg.Points(20)

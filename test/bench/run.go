@@ -10,13 +10,14 @@ import (
 	"sync"
 	"time"
 
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/test/harness"
@@ -26,7 +27,9 @@ import (
 const (
 	modeStock        = "stock"
 	modePreallocated = "preallocated"
-	benchUserAgent   = "ip-preallocator-bench"
+	// modeNoOp registers the webhook, whose process admits every Metal3Data unchanged.
+	modeNoOp       = "no-op-webhook"
+	benchUserAgent = "ip-preallocator-bench"
 )
 
 type bench struct {
@@ -34,10 +37,169 @@ type bench struct {
 	ready  *stack.Readiness
 	cfg    config
 	out    io.Writer
+	load   *loadSampler
 	client client.Client
 	runs   int
-	// backlogPause is how long the last preallocated backlog waited for its addresses.
-	backlogPause time.Duration
+}
+
+func (b *bench) benchClient() (client.Client, error) {
+	if b.client != nil {
+		return b.client, nil
+	}
+	cfg := rest.CopyConfig(b.cp.Config)
+	cfg.UserAgent, cfg.QPS, cfg.Burst = benchUserAgent, 5000, 10000
+	c, err := client.New(cfg, client.Options{Scheme: fixtures.Scheme()})
+	b.client = c
+	return c, err
+}
+
+// world creates a namespace with a Cluster, ThreePoolTemplate's pools, the templates and n
+// machines without their Metal3DataClaims; machine i uses template i mod templates.
+func (b *bench) world(ctx context.Context, ns string, n, templates int) ([]*fixtures.Machine, error) {
+	c, err := b.benchClient()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return nil, err
+	}
+	b.runs++
+	subnet := strconv.Itoa(b.runs)
+	for _, pool := range []client.Object{
+		fixtures.Metal3Pool(fixtures.ProvisioningPool, "172."+subnet),
+		fixtures.Metal3Pool(fixtures.BaremetalPool, "10."+subnet),
+		fixtures.InClusterPool(fixtures.ExternalPool, "100."+subnet),
+	} {
+		pool.SetNamespace(ns)
+		if err := c.Create(ctx, pool); err != nil {
+			return nil, err
+		}
+	}
+	ms := make([]*fixtures.Machine, n)
+	for i := range ms {
+		ms[i] = fixtures.NewMachine(fixtures.ThreePoolTemplate(fmt.Sprintf("workers-%d", i%templates)), i).InNamespace(ns)
+	}
+	// The Cluster and each template once (every template create is validated by the webhook,
+	// which reads the pools live), shared by the machines that use them; then every machine.
+	for i, m := range ms {
+		if i < templates {
+			if err := harness.CreateShared(ctx, c, m); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		m.Cluster, m.Template = ms[0].Cluster, ms[i%templates].Template
+	}
+	return ms, parallel(ms, func(m *fixtures.Machine) error { return harness.CreateMachineObjects(ctx, c, m) })
+}
+
+// parallel calls f for every machine at once and returns the first error.
+func parallel(ms []*fixtures.Machine, f func(*fixtures.Machine) error) error {
+	errs := make(chan error, len(ms))
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		wg.Go(func() {
+			if err := f(m); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// claimCreated is when the Metal3DataClaim of a machine was sent, by the machine's index.
+type claimCreated map[int]time.Time
+
+func (b *bench) createClaim(ctx context.Context, m *fixtures.Machine) (time.Time, error) {
+	c, err := b.benchClient()
+	if err != nil {
+		return time.Time{}, err
+	}
+	at := time.Now()
+	return at, harness.CreateDataClaim(ctx, c, m)
+}
+
+func (b *bench) createClaims(ctx context.Context, ms []*fixtures.Machine, at claimCreated) error {
+	var mu sync.Mutex
+	index := map[*fixtures.Machine]int{}
+	for i, m := range ms {
+		index[m] = i
+	}
+	return parallel(ms, func(m *fixtures.Machine) error {
+		t, err := b.createClaim(ctx, m)
+		mu.Lock()
+		at[index[m]] = t
+		mu.Unlock()
+		return err
+	})
+}
+
+// dataOf maps each claim to the Metal3Data the template controller created for it last (the one
+// the claim's status.renderedData names, unless CAPM3 created one more since).
+func dataOf(arrivals []stack.Arrival) map[string]stack.Arrival {
+	out := map[string]stack.Arrival{}
+	for _, a := range arrivals {
+		if a.Created {
+			out[a.Claim] = a
+		}
+	}
+	return out
+}
+
+// waitReady waits until the Metal3Data of every machine exists and is Ready.
+func (b *bench) waitReady(ctx context.Context, capm3 *stack.CAPM3, ms []*fixtures.Machine) error {
+	deadline := time.After(b.cfg.timeout)
+	for {
+		pending := b.notReady(capm3, ms)
+		if pending == 0 {
+			return nil
+		}
+		select {
+		case <-b.ready.News:
+		case <-time.After(100 * time.Millisecond):
+		case <-deadline:
+			return fmt.Errorf("%d of %d machines without a Ready Metal3Data after %v", pending, len(ms), b.cfg.timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (b *bench) notReady(capm3 *stack.CAPM3, ms []*fixtures.Machine) int {
+	if len(ms) == 0 {
+		return 0
+	}
+	data := dataOf(capm3.Arrivals.In(ms[0].DataClaim.Namespace))
+	pending := 0
+	for _, m := range ms {
+		a, ok := data[m.DataClaim.Name]
+		if !ok {
+			pending++
+			continue
+		}
+		if _, ok := b.ready.Ready(a.Data); !ok {
+			pending++
+		}
+	}
+	return pending
+}
+
+// waitCreated waits until the template controller has created a Metal3Data for every machine.
+func (b *bench) waitCreated(ctx context.Context, capm3 *stack.CAPM3, ms []*fixtures.Machine) error {
+	deadline := time.Now().Add(b.cfg.timeout)
+	for len(dataOf(capm3.Arrivals.In(ms[0].DataClaim.Namespace))) < len(ms) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the template controller did not create every Metal3Data within %v", b.cfg.timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // waitAllocated waits until n claims of the namespace have an address, at most cfg.pause.
@@ -74,134 +236,65 @@ func (b *bench) waitAllocated(ctx context.Context, ns string, n int) error {
 	return nil
 }
 
-func (b *bench) benchClient() (client.Client, error) {
-	if b.client != nil {
-		return b.client, nil
-	}
-	cfg := rest.CopyConfig(b.cp.Config)
-	cfg.UserAgent, cfg.QPS, cfg.Burst = benchUserAgent, 5000, 10000
-	c, err := client.New(cfg, client.Options{Scheme: fixtures.Scheme()})
-	b.client = c
-	return c, err
-}
-
-// world creates a namespace with a Cluster, ThreePoolTemplate's pools and n machines.
-func (b *bench) world(ctx context.Context, ns string, n int) ([]*fixtures.Machine, error) {
-	c, err := b.benchClient()
-	if err != nil {
-		return nil, err
-	}
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		return nil, err
-	}
-	b.runs++
-	subnet := strconv.Itoa(b.runs)
-	for _, pool := range []client.Object{
-		fixtures.Metal3Pool(fixtures.ProvisioningPool, "172."+subnet),
-		fixtures.Metal3Pool(fixtures.BaremetalPool, "10."+subnet),
-		fixtures.InClusterPool(fixtures.ExternalPool, "100."+subnet),
-	} {
-		pool.SetNamespace(ns)
-		if err := c.Create(ctx, pool); err != nil {
-			return nil, err
-		}
-	}
-	ms := make([]*fixtures.Machine, n)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	// The Cluster and template first, then the machines in parallel.
-	ms[0] = fixtures.NewMachine(fixtures.ThreePoolTemplate("workers"), 0).InNamespace(ns)
-	if err := harness.CreateMachine(ctx, c, ms[0]); err != nil {
-		return nil, err
-	}
-	for i := 1; i < n; i++ {
-		wg.Go(func() {
-			ms[i] = fixtures.NewMachine(fixtures.ThreePoolTemplate("workers"), i).InNamespace(ns)
-			if err := harness.CreateMachine(ctx, c, ms[i]); err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return ms, <-errs
-}
-
-// created records the client's view of one Metal3Data create.
-type created struct {
-	at      time.Time
-	latency time.Duration
-}
-
-func (b *bench) create(ctx context.Context, m *fixtures.Machine) (created, error) {
-	c, err := b.benchClient()
-	if err != nil {
-		return created{}, err
-	}
-	start := time.Now()
-	err = c.Create(ctx, m.Data)
-	return created{at: start, latency: time.Since(start)}, err
-}
-
-func (b *bench) createAll(ctx context.Context, ms []*fixtures.Machine) ([]created, error) {
-	out := make([]created, len(ms))
-	errs := make(chan error, len(ms))
-	var wg sync.WaitGroup
-	for i, m := range ms {
-		wg.Go(func() {
-			c, err := b.create(ctx, m)
-			out[i] = c
-			if err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return out, <-errs
-}
-
-func (b *bench) waitReady(ctx context.Context, ns string, n int) error {
-	deadline := time.After(b.cfg.timeout)
-	for len(b.ready.ReadyIn(ns)) < n {
-		select {
-		case <-b.ready.News:
-		case <-time.After(100 * time.Millisecond):
-		case <-deadline:
-			return fmt.Errorf("%d of %d Metal3Data Ready after %v", len(b.ready.ReadyIn(ns)), n, b.cfg.timeout)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
-}
-
-func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string) (*Run, error) {
-	n := map[string]int{"idle": b.cfg.idle, "burst": b.cfg.burst, "backlog": b.cfg.backlog}[sc.Kind]
-	ns := fmt.Sprintf("%s-%s-%s", s.Name, sc.Name, mode)
-	fmt.Fprintf(b.out, "%s: %d Metal3Data\n", ns, n)
-	ms, err := b.world(ctx, ns, n)
-	if err != nil {
-		return nil, err
-	}
+// setWebhook registers ip-preallocator's mutating webhook for the modes that call it.
+func (b *bench) setWebhook(ctx context.Context, mode string) error {
 	if mode == modeStock {
-		err = b.cp.UnregisterMutatingWebhooks(ctx)
-	} else {
-		err = b.cp.RegisterMutatingWebhooks(ctx)
+		return b.cp.UnregisterMutatingWebhooks(ctx)
 	}
-	if err != nil {
-		return nil, err
-	}
-	// Each run watches its own namespace (the controllers' --namespace), so that it does not
-	// also reconcile what earlier runs left.
+	return b.cp.RegisterMutatingWebhooks(ctx)
+}
+
+// webhookAdmitsUnchanged restarts the webhook process so that it preallocates for nobody: it
+// then answers every admission without reading or creating anything, through the same server,
+// certificate and registration as when it preallocates.
+func (b *bench) webhookAdmitsUnchanged(ctx context.Context) error {
+	b.cp.StopWebhook()
+	return b.cp.StartWebhook(ctx, "--preallocate-for-requesters=system:serviceaccount:nobody:nobody")
+}
+
+// controllers starts the run's IPAM and CAPM3, each watching only the run's namespace (their
+// --namespace), so that they do not also reconcile what earlier runs left.
+func (b *bench) controllers(ctx context.Context, s setting, sc scenario, ns string) (*stack.Running, *stack.CAPM3, error) {
 	ipamOpts := s.IPAM
 	if sc.IPAM != nil {
 		ipamOpts = *sc.IPAM
 	}
-	ipamOpts.Namespace = ns
+	ipamOpts.Namespaces = []string{ns}
 	capm3Opts := s.CAPM3
-	capm3Opts.Namespace = ns
+	capm3Opts.Namespaces, capm3Opts.Templates, capm3Opts.HoldMetal3Data = []string{ns}, true, sc.Kind == "backlog"
 	ipam, err := stack.StartIPAM(ctx, b.cp.Config, ipamOpts)
+	if err != nil {
+		return nil, nil, err
+	}
+	capm3, err := stack.StartCAPM3(ctx, b.cp.Config, capm3Opts)
+	if err != nil {
+		_ = ipam.Stop()
+		return nil, nil, err
+	}
+	if err := capm3.WarmUp(ctx); err != nil {
+		_ = ipam.Stop()
+		_ = capm3.Stop()
+		return nil, nil, err
+	}
+	return ipam, capm3, nil
+}
+
+func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string, repeat int) (*Run, error) {
+	n := map[string]int{"idle": b.cfg.idle, "burst": b.cfg.burst, "backlog": b.cfg.backlog}[sc.Kind]
+	templates := 1
+	if sc.Spread {
+		templates = b.cfg.templates
+	}
+	ns := fmt.Sprintf("%s-%s-%s-%d", s.Name, sc.Name, mode, repeat)
+	fmt.Fprintf(b.out, "%s: %d machines, %d template(s)\n", ns, n, templates)
+	ms, err := b.world(ctx, ns, n, templates)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.setWebhook(ctx, mode); err != nil {
+		return nil, err
+	}
+	ipam, capm3, err := b.controllers(ctx, s, sc, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -210,64 +303,34 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string)
 			fmt.Fprintf(b.out, "  stopping the IPAM: %v\n", err)
 		}
 	}()
-	var capm3 *stack.CAPM3
-	startCAPM3 := func() error {
-		capm3, err = stack.StartCAPM3(ctx, b.cp.Config, capm3Opts)
-		return err
-	}
-	if sc.Kind != "backlog" {
-		if err := startCAPM3(); err != nil {
-			return nil, err
-		}
-	}
-	// The managers' caches sync before they act; leave them that time outside the measurement.
+	// The IPAM's caches sync before it acts, and the API server applies the webhook
+	// configuration from its own informer: leave them that time outside the measurement.
 	time.Sleep(time.Second)
 
 	offset, err := b.cp.AuditOffset()
 	if err != nil {
 		return nil, err
 	}
-	run := &Run{Setting: s.Name, Scenario: sc.Name, Mode: mode, N: n}
-	start := time.Now()
-	var creates []created
-	switch sc.Kind {
-	case "idle":
-		for _, m := range ms {
-			c, err := b.create(ctx, m)
-			if err != nil {
-				return nil, err
-			}
-			creates = append(creates, c)
-			if err := b.waitReady(ctx, ns, len(creates)); err != nil {
-				return nil, err
-			}
-		}
-	case "burst":
-		if creates, err = b.createAll(ctx, ms); err != nil {
-			return nil, err
-		}
-	case "backlog":
-		if creates, err = b.createAll(ctx, ms); err != nil {
-			return nil, err
-		}
-		// CAPM3 comes back once the IPAMs have fulfilled every preallocated claim (at most
-		// --backlog-pause); stock, which has no claims yet, waits as long.
-		if mode == modePreallocated {
-			if err := b.waitAllocated(ctx, ns, 3*n); err != nil {
-				return nil, err
-			}
-			b.backlogPause = time.Since(start)
-		}
-		time.Sleep(time.Until(start.Add(b.backlogPause)))
-		run.CAPM3Started = time.Since(start).Seconds()
-		if err := startCAPM3(); err != nil {
-			return nil, err
-		}
-	}
-	if err := b.waitReady(ctx, ns, n); err != nil {
+	clocks, err := b.admissionClocks(ctx)
+	if err != nil {
 		return nil, err
 	}
-	run.Total = time.Since(start).Seconds()
+	run := &Run{Setting: s.Name, Scenario: sc.Name, Mode: mode, Repeat: repeat, N: n, Templates: templates}
+	loadFrom := time.Now()
+	claims, released, err := b.drive(ctx, sc, mode, capm3, ms)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.waitReady(ctx, capm3, ms); err != nil {
+		return nil, err
+	}
+	run.Total = time.Since(origin(claims, released, -1)).Seconds()
+	if !released.IsZero() {
+		run.Released = released.Sub(origin(claims, time.Time{}, -1)).Seconds()
+	}
+	if err := b.checkRendered(ctx, capm3, ns); err != nil {
+		return nil, err
+	}
 	// Let the reconciles that follow Ready happen, so that they are counted.
 	time.Sleep(2 * time.Second)
 	if err := capm3.Stop(); err != nil {
@@ -277,55 +340,76 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string)
 	if err != nil {
 		return nil, err
 	}
-	b.record(run, ms, creates, capm3.Counter, events)
+	after, err := b.admissionClocks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	spent := after.minus(clocks)
+	run.WebhookCalls, run.WebhookCall, run.WebhookHandler = int(spent.apiserver.count), spent.apiserver.mean(), spent.handler.mean()
+	run.WebhookClaimCreation = spent.claims.mean()
+	run.Load = b.load.meanSince(loadFrom)
+	b.record(run, ms, claims, released, capm3, events)
 	return run, nil
 }
 
-func (b *bench) record(run *Run, ms []*fixtures.Machine, creates []created, counter *stack.Counter, events []harness.AuditEvent) {
-	var toReady, createLatency []float64
-	for i, m := range ms {
-		key := client.ObjectKeyFromObject(m.Data)
-		at, _ := b.ready.Ready(key)
-		toReady = append(toReady, at.Sub(creates[i].at).Seconds())
-		createLatency = append(createLatency, creates[i].latency.Seconds())
-		st := counter.Of(key)
-		run.Reconciles = append(run.Reconciles, st.Reconciles)
-		run.WorkReconciles = append(run.WorkReconciles, st.WorkReconciles)
-		run.Requeues += st.Requeues
-		run.ClaimsByCAPM3 += st.ClaimsCreated
-		if st.FirstReconcileSawWaitingClaim {
-			run.FirstReconcileSawWaitingClaim++
-		}
-		run.Histories = append(run.Histories, st.History)
+// origin is where machine i's time to Ready counts from, or with i < 0 the run's: from its
+// Metal3DataClaim's create (the first claim's), or in a backlog from the release of CAPM3's
+// Metal3Data controller, since nothing happens to a stock Metal3Data while it is held.
+func origin(claims claimCreated, released time.Time, i int) time.Time {
+	if !released.IsZero() {
+		return released
 	}
-	run.TimeToReady = toReady
-	run.CreateLatency = createLatency
-	run.Requests = map[string]map[string]float64{}
-	ns, _ := b.cp.ServiceAccount()
-	webhookUser := "system:serviceaccount:" + ns + ":"
-	for _, e := range events {
-		var who string
-		switch {
-		case strings.HasPrefix(e.UserAgent, stack.CAPM3UserAgent):
-			who = "capm3"
-		case strings.HasPrefix(e.UserAgent, stack.IPAMUserAgent):
-			who = "metal3-ipam"
-		case strings.HasPrefix(e.UserAgent, "cluster-api-ipam-provider-in-cluster"):
-			who = "in-cluster-ipam"
-		case strings.HasPrefix(e.User.Username, webhookUser):
-			who = "webhook"
-		default:
-			continue
-		}
-		resource := e.ObjectRef.Resource
-		if e.ObjectRef.Subresource != "" {
-			resource += "/" + e.ObjectRef.Subresource
-		}
-		if run.Requests[who] == nil {
-			run.Requests[who] = map[string]float64{}
-		}
-		run.Requests[who][e.Verb+" "+resource] += 1 / float64(run.N)
+	if i >= 0 {
+		return claims[i]
 	}
+	first := claims[0]
+	for _, at := range claims {
+		if at.Before(first) {
+			first = at
+		}
+	}
+	return first
+}
+
+// drive creates the scenario's Metal3DataClaims and, in a backlog, releases CAPM3's Metal3Data
+// controller; it returns when each claim was sent and when the release was.
+func (b *bench) drive(ctx context.Context, sc scenario, mode string, capm3 *stack.CAPM3, ms []*fixtures.Machine) (claimCreated, time.Time, error) {
+	claims := claimCreated{}
+	switch sc.Kind {
+	case "idle":
+		for i, m := range ms {
+			at, err := b.createClaim(ctx, m)
+			if err != nil {
+				return nil, time.Time{}, err
+			}
+			claims[i] = at
+			if err := b.waitReady(ctx, capm3, ms[:i+1]); err != nil {
+				return nil, time.Time{}, err
+			}
+		}
+	case "burst":
+		if err := b.createClaims(ctx, ms, claims); err != nil {
+			return nil, time.Time{}, err
+		}
+	case "backlog":
+		if err := b.createClaims(ctx, ms, claims); err != nil {
+			return nil, time.Time{}, err
+		}
+		if err := b.waitCreated(ctx, capm3, ms); err != nil {
+			return nil, time.Time{}, err
+		}
+		// CAPM3's Metal3Data controller catches up once the IPAMs have fulfilled every
+		// preallocated claim (at most --backlog-pause); stock has no claims to wait for.
+		if mode == modePreallocated {
+			if err := b.waitAllocated(ctx, ms[0].DataClaim.Namespace, 3*len(ms)); err != nil {
+				return nil, time.Time{}, err
+			}
+		}
+		released := time.Now()
+		capm3.ReleaseMetal3Data()
+		return claims, released, nil
+	}
+	return claims, time.Time{}, nil
 }
 
 // webhookFootprint reads the webhook process's peak resident memory and its cache sizes.
@@ -356,48 +440,24 @@ func (b *bench) webhookFootprint() (*Footprint, error) {
 	return f, nil
 }
 
-// admissionLatency creates Metal3Data one after another with only a no-op mutating webhook
-// registered, then with only ip-preallocator's, and compares the create latencies.
-func (b *bench) admissionLatency(ctx context.Context) (*Admission, error) {
-	n := b.cfg.idle
-	measure := func(name string) ([]float64, error) {
-		ms, err := b.world(ctx, "admission-"+name, n)
-		if err != nil {
-			return nil, err
+// checkRendered checks that the Metal3Data measured for each claim is the one its
+// status.renderedData names: the template controller patches the claim right after the create,
+// in the same loop, so by the time a Metal3Data is Ready its claim names it.
+func (b *bench) checkRendered(ctx context.Context, capm3 *stack.CAPM3, ns string) error {
+	c, err := b.benchClient()
+	if err != nil {
+		return err
+	}
+	list := &infrav1.Metal3DataClaimList{}
+	if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	data := dataOf(capm3.Arrivals.In(ns))
+	for _, claim := range list.Items {
+		rendered := claim.Status.RenderedData
+		if rendered == nil || data[claim.Name].Data != (types.NamespacedName{Namespace: ns, Name: rendered.Name}) {
+			return fmt.Errorf("Metal3DataClaim %s names %v; the template controller created %v for it last", claim.Name, rendered, data[claim.Name].Data)
 		}
-		var out []float64
-		for _, m := range ms {
-			c, err := b.create(ctx, m)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, c.latency.Seconds())
-		}
-		return out, nil
 	}
-	if err := b.cp.UnregisterMutatingWebhooks(ctx); err != nil {
-		return nil, err
-	}
-	unregister, err := b.cp.RegisterNoOpWebhook(ctx)
-	if err != nil {
-		return nil, err
-	}
-	noop, err := measure("noop")
-	if err != nil {
-		return nil, err
-	}
-	if err := unregister(ctx); err != nil {
-		return nil, err
-	}
-	if err := b.cp.RegisterMutatingWebhooks(ctx); err != nil {
-		return nil, err
-	}
-	ours, err := measure("preallocated")
-	if err != nil {
-		return nil, err
-	}
-	a := &Admission{NoOp: summarize(noop), Preallocator: summarize(ours)}
-	a.RatioP50 = a.Preallocator.P50 / a.NoOp.P50
-	a.RatioP99 = a.Preallocator.P99 / a.NoOp.P99
-	return a, nil
+	return nil
 }

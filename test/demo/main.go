@@ -1,7 +1,8 @@
 // Command demo runs ip-preallocator on an embedded control plane next to the real CAPM3 v1.13.2
-// Metal3Data controller and the real Metal3 IPAM v1.13.2, applies examples/ once with stock CAPM3
-// (the mutating webhook not registered) and once with the webhook, and reports side by side, for
-// each Metal3Data, its time to Ready, CAPM3's reconciles, who created its claims and its addresses.
+// Metal3DataTemplate and Metal3Data controllers and the real Metal3 IPAM v1.13.2, applies examples/
+// once with stock CAPM3 (the mutating webhook not registered) and once with the webhook, and
+// reports side by side, for each machine, when CAPM3's template controller created its Metal3Data,
+// its time to Ready, CAPM3's reconciles, who created its claims and its addresses.
 package main
 
 import (
@@ -76,13 +77,13 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	}
 	cp.Kubeconfig = kubeconfig
 
-	fmt.Fprintln(out, "Starting CAPM3 v1.13.2's Metal3Data controller and Metal3 IPAM v1.13.2 in-process, their caches synced...")
+	fmt.Fprintln(out, "Starting CAPM3 v1.13.2's Metal3DataTemplate and Metal3Data controllers and Metal3 IPAM v1.13.2 in-process, their caches synced...")
 	ipam, err := stack.StartIPAM(ctx, cp.Config, stack.Options{})
 	if err != nil {
 		return nil, err
 	}
 	defer ipam.Stop()
-	capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{})
+	capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{Templates: true})
 	if err != nil {
 		return nil, err
 	}

@@ -59,7 +59,8 @@ type demo struct {
 }
 
 // runMode applies examples/ to the mode's namespace the way a cluster sees it — pools, template
-// and Cluster before any machine — and returns the example Metal3Data once Ready.
+// and Cluster before any machine, each machine's Metal3DataClaim after its other objects — and
+// returns the Metal3Data CAPM3's template controller created for the claims, once Ready.
 func (d *demo) runMode(ctx context.Context, m mode) ([]types.NamespacedName, error) {
 	state := "mutating webhook not registered: CAPM3 creates the claims"
 	if m.webhook {
@@ -80,15 +81,14 @@ func (d *demo) runMode(ctx context.Context, m mode) ([]types.NamespacedName, err
 		return nil, err
 	}
 	fmt.Fprintf(d.out, "  the IPAM has reconciled the %d IPPools\n", pools)
-	for _, file := range []string{"20-machines.yaml", "30-metal3data.yaml"} {
-		if err := d.apply(ctx, m.namespace, file); err != nil {
-			return nil, err
-		}
+	if err := d.apply(ctx, m.namespace, "20-machines.yaml"); err != nil {
+		return nil, err
 	}
-	keys, err := d.exampleData(m.namespace)
+	keys, err := d.exampleData(ctx, m.namespace)
 	if err != nil {
 		return nil, err
 	}
+	fmt.Fprintf(d.out, "  CAPM3's Metal3DataTemplate controller created %d Metal3Data\n", len(keys))
 	if err := d.waitReady(ctx, keys); err != nil {
 		return nil, err
 	}
@@ -140,9 +140,11 @@ func (d *demo) waitPools(ctx context.Context, namespace string) (int, error) {
 	})
 }
 
-// exampleData names the Metal3Data of examples/30-metal3data.yaml in a namespace.
-func (d *demo) exampleData(namespace string) ([]types.NamespacedName, error) {
-	data, err := os.ReadFile(filepath.Join(d.root, "examples", "30-metal3data.yaml"))
+// exampleData waits until CAPM3's template controller has created a Metal3Data for each
+// Metal3DataClaim of examples/20-machines.yaml, and names them: the controller picks the lowest
+// free index, so only the claim's status.renderedData tells which Metal3Data is a claim's.
+func (d *demo) exampleData(ctx context.Context, namespace string) ([]types.NamespacedName, error) {
+	data, err := os.ReadFile(filepath.Join(d.root, "examples", "20-machines.yaml"))
 	if err != nil {
 		return nil, err
 	}
@@ -150,13 +152,26 @@ func (d *demo) exampleData(namespace string) ([]types.NamespacedName, error) {
 	if err != nil {
 		return nil, err
 	}
-	var keys []types.NamespacedName
+	var claims []string
 	for _, o := range objs {
-		if o.GetKind() == "Metal3Data" {
-			keys = append(keys, types.NamespacedName{Namespace: namespace, Name: o.GetName()})
+		if o.GetKind() == "Metal3DataClaim" {
+			claims = append(claims, o.GetName())
 		}
 	}
-	return keys, nil
+	return poll(ctx, d.timeout, "CAPM3 to create the Metal3Data", func() ([]types.NamespacedName, bool, error) {
+		var keys []types.NamespacedName
+		for _, name := range claims {
+			claim := &infrav1.Metal3DataClaim{}
+			if err := d.cp.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, claim); err != nil {
+				return nil, false, err
+			}
+			if claim.Status.RenderedData == nil {
+				return nil, false, nil
+			}
+			keys = append(keys, types.NamespacedName{Namespace: namespace, Name: claim.Status.RenderedData.Name})
+		}
+		return keys, true, nil
+	})
 }
 
 func (d *demo) waitReady(ctx context.Context, keys []types.NamespacedName) error {
@@ -202,7 +217,7 @@ func (d *demo) probe(ctx context.Context, namespace string) (bool, error) {
 	}
 	// The audit event is written as the response completes, not before the client has it.
 	return poll(ctx, 10*time.Second, "the probe's audit event", func() (bool, bool, error) {
-		creates, err := auditCreates(d.cp)
+		creates, err := auditCreates(d.cp, "metal3datas")
 		if err != nil {
 			return false, false, err
 		}

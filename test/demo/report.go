@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode"
 
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,13 +20,15 @@ import (
 	"github.com/metal3-community/ip-preallocator/test/harness"
 )
 
-// Row is the report of one Metal3Data.
+// Row is the report of one machine's Metal3Data.
 type Row struct {
 	// Mode is modePreallocated when ip-preallocator's mutating webhook answered its create.
-	Mode       string
-	Data       types.NamespacedName
-	ReadyAfter time.Duration
-	Reconciles Reconciles
+	Mode string
+	Data types.NamespacedName
+	// DataAfter is when CAPM3's template controller had created the Metal3Data (its admission
+	// included), ReadyAfter when it was Ready, both from the Metal3DataClaim's create request.
+	DataAfter, ReadyAfter time.Duration
+	Reconciles            Reconciles
 	// Claims created for it by CAPM3 (counted by test/stack) and by the webhook (the claims that
 	// carried the preallocated-for annotation when created).
 	ClaimsByCAPM3, ClaimsByWebhook int
@@ -66,16 +69,17 @@ func classify(history string) Reconciles {
 	return r
 }
 
-// auditCreates returns the create request of each Metal3Data, dry runs included, from the API
-// server's audit log: when it arrived, before any webhook ran, and which webhooks answered.
-func auditCreates(cp *harness.ControlPlane) (map[types.NamespacedName]harness.AuditEvent, error) {
+// auditCreates returns the create request of each object of a resource, dry runs included, from
+// the API server's audit log: when it arrived, before any webhook ran, when it was answered, and
+// which webhooks answered.
+func auditCreates(cp *harness.ControlPlane, resource string) (map[types.NamespacedName]harness.AuditEvent, error) {
 	events, err := cp.AuditSince(0)
 	if err != nil {
 		return nil, err
 	}
 	creates := map[types.NamespacedName]harness.AuditEvent{}
 	for _, e := range events {
-		if e.Verb == "create" && e.ObjectRef.Resource == "metal3datas" && e.ObjectRef.Subresource == "" && e.ResponseStatus.Code < 300 {
+		if e.Verb == "create" && e.ObjectRef.Resource == resource && e.ObjectRef.Subresource == "" && e.ResponseStatus.Code < 300 {
 			creates[types.NamespacedName{Namespace: e.ObjectRef.Namespace, Name: e.ObjectRef.Name}] = e
 		}
 	}
@@ -95,17 +99,29 @@ func webhookCalled(e harness.AuditEvent) bool {
 
 // rows reports on Metal3Data that are Ready.
 func (d *demo) rows(ctx context.Context, keys []types.NamespacedName) ([]Row, error) {
-	creates, err := auditCreates(d.cp)
+	dataCreates, err := auditCreates(d.cp, "metal3datas")
+	if err != nil {
+		return nil, err
+	}
+	claimCreates, err := auditCreates(d.cp, "metal3dataclaims")
 	if err != nil {
 		return nil, err
 	}
 	var rows []Row
 	for _, key := range keys {
-		create, ok := creates[key]
+		create, ok := dataCreates[key]
 		if !ok {
 			return nil, fmt.Errorf("no create of Metal3Data %s in the audit log", key)
 		}
-		row, err := d.row(ctx, key, create)
+		data := &infrav1.Metal3Data{}
+		if err := d.cp.Client.Get(ctx, key, data); err != nil {
+			return nil, err
+		}
+		claimCreate, ok := claimCreates[types.NamespacedName{Namespace: key.Namespace, Name: data.Spec.Claim.Name}]
+		if !ok {
+			return nil, fmt.Errorf("no create of the Metal3DataClaim of %s in the audit log", key)
+		}
+		row, err := d.row(ctx, key, claimCreate, create)
 		if err != nil {
 			return nil, err
 		}
@@ -114,11 +130,12 @@ func (d *demo) rows(ctx context.Context, keys []types.NamespacedName) ([]Row, er
 	return rows, nil
 }
 
-func (d *demo) row(ctx context.Context, key types.NamespacedName, create harness.AuditEvent) (Row, error) {
+func (d *demo) row(ctx context.Context, key types.NamespacedName, claimCreate, create harness.AuditEvent) (Row, error) {
 	readyAt, _ := d.ready.Ready(key)
 	stats := d.counter.Of(key)
+	claimAt := claimCreate.RequestReceivedTimestamp.Time
 	row := Row{
-		Mode: modeStock, Data: key, ReadyAfter: readyAt.Sub(create.RequestReceivedTimestamp.Time),
+		Mode: modeStock, Data: key, DataAfter: create.StageTimestamp.Sub(claimAt), ReadyAfter: readyAt.Sub(claimAt),
 		Reconciles: classify(stats.History), ClaimsByCAPM3: stats.ClaimsCreated, Addresses: map[string]string{},
 		FirstSawWaitingClaim: stats.FirstReconcileSawWaitingClaim,
 	}
@@ -154,10 +171,11 @@ func ownedBy(refs []metav1.OwnerReference, name string) bool {
 
 func printTable(out io.Writer, rows []Row) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "MODE\tMETAL3DATA\tREADY AFTER\tRECONCILES\tWORK\tREQUEUE\tNO-OP\tHISTORY\tCLAIMS CREATED BY\tADDRESSES")
+	fmt.Fprintln(w, "MODE\tMETAL3DATA\tCREATED AFTER\tREADY AFTER\tRECONCILES\tWORK\tREQUEUE\tNO-OP\tHISTORY\tCLAIMS CREATED BY\tADDRESSES")
 	for _, r := range rows {
 		rc := r.Reconciles
-		fmt.Fprintf(w, "%s\t%s\t%v\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", r.Mode, r.Data, r.ReadyAfter.Round(time.Millisecond),
+		fmt.Fprintf(w, "%s\t%s\t%v\t%v\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", r.Mode, r.Data,
+			r.DataAfter.Round(time.Millisecond), r.ReadyAfter.Round(time.Millisecond),
 			rc.Total(), rc.Work, rc.Requeue, rc.NoOp, rc.History, creators(r), addresses(r.Addresses))
 	}
 	w.Flush()
@@ -186,8 +204,9 @@ const lineWidth = 110
 
 const legend = "RECONCILES are CAPM3's reconciles of the Metal3Data: WORK created the claims or rendered the data " +
 	"and finished, REQUEUE ended waiting for addresses, NO-OP had nothing new to write. HISTORY has a letter per " +
-	"reconcile: W work, P status re-patch, . nothing; lowercase (, for .) when it requeued. READY AFTER counts " +
-	"from the create request."
+	"reconcile: W work, P status re-patch, . nothing; lowercase (, for .) when it requeued. CREATED AFTER is " +
+	"when CAPM3's Metal3DataTemplate controller had created the Metal3Data (its admission included), READY " +
+	"AFTER when it was Ready, both counted from the create request of the machine's Metal3DataClaim."
 
 // summary is one mode's totals.
 type summary struct {
@@ -195,12 +214,12 @@ type summary struct {
 	// firstWork counts Metal3Data whose first reconcile did the work; of the others,
 	// firstNotHandedOver met a claim not handed over yet.
 	firstWork, firstNotHandedOver int
-	medianReady                   time.Duration
+	medianCreated, medianReady    time.Duration
 }
 
 func summarize(rows []Row, mode string) summary {
 	var s summary
-	var ready []time.Duration
+	var created, ready []time.Duration
 	for _, r := range rows {
 		if r.Mode != mode {
 			continue
@@ -215,13 +234,19 @@ func summarize(rows []Row, mode string) summary {
 		} else if r.FirstSawWaitingClaim {
 			s.firstNotHandedOver++
 		}
-		ready = append(ready, r.ReadyAfter)
+		created, ready = append(created, r.DataAfter), append(ready, r.ReadyAfter)
 	}
-	if len(ready) > 0 {
-		slices.Sort(ready)
-		s.medianReady = ready[len(ready)/2]
-	}
+	s.medianCreated, s.medianReady = median(created), median(ready)
 	return s
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	return sorted[len(sorted)/2]
 }
 
 // printComparison prints the ratios of preallocated to stock, and why they differ.
@@ -232,9 +257,11 @@ func printComparison(out io.Writer, rows []Row) {
 	}
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, wrap(fmt.Sprintf("With the webhook: Ready after %v instead of %v (median, %.2f×); %d CAPM3 reconciles instead of %d "+
+	fmt.Fprintln(out, wrap(fmt.Sprintf("With the webhook: Ready after %v instead of %v (median, %.2f×), the Metal3Data created after "+
+		"%v instead of %v (the webhook's admission is in there); %d CAPM3 reconciles instead of %d "+
 		"(%.2f×), %d requeues instead of %d; CAPM3 created %d of %d claims instead of %d of %d.",
 		ms(pre.medianReady), ms(stock.medianReady), ratio(float64(pre.medianReady), float64(stock.medianReady)),
+		ms(pre.medianCreated), ms(stock.medianCreated),
 		pre.reconciles, stock.reconciles, ratio(float64(pre.reconciles), float64(stock.reconciles)),
 		pre.requeues, stock.requeues, pre.claimsByCAPM3, pre.claims, stock.claimsByCAPM3, stock.claims)))
 	fmt.Fprintln(out, wrap("Why: stock CAPM3 creates the claims in its first reconcile, then requeues until the IPAM has filled them; "+

@@ -54,6 +54,9 @@ type AuditEvent struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
 	RequestReceivedTimestamp metav1.MicroTime `json:"requestReceivedTimestamp"`
+	// StageTimestamp is when the response completed: minus RequestReceivedTimestamp, the time
+	// the API server took, admission webhooks included.
+	StageTimestamp metav1.MicroTime `json:"stageTimestamp"`
 	// Annotations include, for a create, one mutation.webhook.admission.k8s.io/ entry per mutating
 	// webhook that answered.
 	Annotations map[string]string `json:"annotations"`

@@ -24,7 +24,8 @@ import (
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
 
-// world is one namespace with a Cluster, the three pools of ThreePoolTemplate and machines.
+// world is one namespace with a Cluster, the three pools of ThreePoolTemplate and machines whose
+// Metal3DataClaims are not created yet.
 type world struct {
 	ns       string
 	machines []*fixtures.Machine
@@ -44,7 +45,18 @@ func newWorld(t *testing.T, ns string, n int, subnet int) *world {
 			t.Fatal(err)
 		}
 	}
-	return &world{ns: ns, machines: machines(t, ns, n)}
+	w := &world{ns: ns}
+	for i := range n {
+		m := fixtures.NewMachine(fixtures.ThreePoolTemplate("workers"), i).InNamespace(ns)
+		if err := harness.CreateShared(ctx, cp.Client, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := harness.CreateMachineObjects(ctx, cp.Client, m); err != nil {
+			t.Fatal(err)
+		}
+		w.machines = append(w.machines, m)
+	}
+	return w
 }
 
 func ready(ctx context.Context, data *infrav1.Metal3Data) (bool, error) {
@@ -71,15 +83,41 @@ func waitReady(t *testing.T, ms []*fixtures.Machine) {
 	})
 }
 
-// createIdle creates the Metal3Data one after another, each once the previous is Ready.
+// createIdle creates the machines' Metal3DataClaims one after another, as CAPM3's Metal3Machine
+// controller does, each once the previous machine's Metal3Data is Ready; CAPM3's
+// Metal3DataTemplate controller creates the Metal3Data.
 func (w *world) createIdle(t *testing.T) {
 	t.Helper()
 	for _, m := range w.machines {
-		if err := cp.Client.Create(context.Background(), m.Data); err != nil {
+		if err := harness.CreateDataClaim(context.Background(), cp.Client, m); err != nil {
 			t.Fatal(err)
 		}
+		adoptData(t, m)
 		waitReady(t, []*fixtures.Machine{m})
 	}
+}
+
+// adoptData waits until CAPM3's template controller has created the machine's Metal3Data and
+// makes it m.Data: the controller picks the lowest free index, and the claim's
+// status.renderedData tells which Metal3Data is the machine's.
+func adoptData(t *testing.T, m *fixtures.Machine) {
+	t.Helper()
+	ctx := context.Background()
+	eventually(t, 60*time.Second, func() error {
+		claim := &infrav1.Metal3DataClaim{}
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(m.DataClaim), claim); err != nil {
+			return err
+		}
+		if claim.Status.RenderedData == nil {
+			return fmt.Errorf("Metal3DataClaim %s has no Metal3Data yet", claim.Name)
+		}
+		data := &infrav1.Metal3Data{}
+		if err := cp.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Status.RenderedData.Name}, data); err != nil {
+			return err
+		}
+		m.Data = data
+		return nil
+	})
 }
 
 // claims returns the three claims of each machine, by machine index and pool, in the naming mode.
@@ -178,9 +216,9 @@ func (w *world) checkRendered(t *testing.T, claims map[string]client.Object) {
 	}
 }
 
-// deleteAll deletes the machines' Metal3DataClaims and Metal3Data as CAPI would on scale-down
-// (dropping the finalizer of the Metal3DataTemplate controller, which does not run here), and
-// waits until CAPM3's release path has removed every claim and address.
+// deleteAll deletes the machines' Metal3DataClaims as CAPM3's Metal3Machine controller does on
+// scale-down, and waits until CAPM3's template controller has deleted the Metal3Data and its
+// Metal3Data controller has released every claim and the IPAMs every address.
 func (w *world) deleteAll(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
@@ -188,17 +226,11 @@ func (w *world) deleteAll(t *testing.T) {
 		if err := cp.Client.Delete(ctx, m.DataClaim); err != nil && !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
-		if err := cp.Client.Delete(ctx, m.Data); err != nil {
-			t.Fatal(err)
-		}
-		patch := client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers/0"},{"op":"test","path":"/metadata/finalizers","value":["metal3data.infrastructure.cluster.x-k8s.io"]}]`))
-		if err := cp.Client.Patch(ctx, m.Data, patch); err != nil && !apierrors.IsNotFound(err) {
-			t.Fatal(err)
-		}
 	}
 	eventually(t, 90*time.Second, func() error {
 		for _, list := range []client.ObjectList{
-			&ipamv1.IPClaimList{}, &capipamv1.IPAddressClaimList{}, &ipamv1.IPAddressList{}, &capipamv1.IPAddressList{}, &infrav1.Metal3DataList{},
+			&ipamv1.IPClaimList{}, &capipamv1.IPAddressClaimList{}, &ipamv1.IPAddressList{}, &capipamv1.IPAddressList{},
+			&infrav1.Metal3DataList{}, &infrav1.Metal3DataClaimList{},
 		} {
 			if err := cp.Client.List(ctx, list, client.InNamespace(w.ns)); err != nil {
 				return err
@@ -222,6 +254,8 @@ func mustItems(list client.ObjectList) []any {
 	case *capipamv1.IPAddressList:
 		return anySlice(l.Items)
 	case *infrav1.Metal3DataList:
+		return anySlice(l.Items)
+	case *infrav1.Metal3DataClaimList:
 		return anySlice(l.Items)
 	}
 	return nil
@@ -257,10 +291,12 @@ func (s summary) String() string {
 		float64(s.reconciles)/float64(s.n), s.requeues, s.n, s.claimsByCAPM3, s.sawWaiting)
 }
 
-// TestRealControllers runs the real CAPM3 v1.13.2 Metal3Data controller, the real Metal3 IPAM
-// v1.13.2 and the Cluster API in-cluster IPAM provider, on Metal3Data with two Metal3 pools and a
-// Cluster API pool, in both naming modes: once without the webhook (stock) and once with it, in the
-// same run, on the same fixtures in two namespaces.
+// TestRealControllers runs the real CAPM3 v1.13.2 Metal3DataTemplate and Metal3Data
+// controllers, the real Metal3 IPAM v1.13.2 and the Cluster API in-cluster IPAM provider, on
+// machines whose template has two Metal3 pools and a Cluster API pool, in both naming modes: the
+// test creates each machine's Metal3DataClaim and CAPM3's template controller creates the
+// Metal3Data, once without the webhook (stock) and once with it, in the same run, on the same
+// fixtures in two namespaces.
 func TestRealControllers(t *testing.T) {
 	ctx := context.Background()
 	if err := cp.StartInClusterIPAM(ctx); err != nil {
@@ -275,13 +311,17 @@ func TestRealControllers(t *testing.T) {
 
 	for i, bmhNameBased := range []bool{false, true} {
 		t.Run(map[bool]string{false: "metal3data-names", true: "bmh-names"}[bmhNameBased], func(t *testing.T) {
-			capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{BMHNameBased: bmhNameBased})
+			stock := newWorld(t, fmt.Sprintf("stock-%d", i), 3, 10*i+1)
+			prealloc := newWorld(t, fmt.Sprintf("preallocated-%d", i), 3, 10*i+2)
+			// CAPM3 watches only the two namespaces (its --namespace), so that its template
+			// controller leaves the other tests' Metal3DataClaims alone.
+			capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{
+				BMHNameBased: bmhNameBased, Templates: true, Namespaces: []string{stock.ns, prealloc.ns},
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer capm3.Stop()
-			stock := newWorld(t, fmt.Sprintf("stock-%d", i), 3, 10*i+1)
-			prealloc := newWorld(t, fmt.Sprintf("preallocated-%d", i), 3, 10*i+2)
 
 			cp.StopWebhook()
 			stock.createIdle(t)
@@ -322,12 +362,12 @@ func TestRealControllers(t *testing.T) {
 			}
 			stock.checkRendered(t, stockClaims)
 			prealloc.checkRendered(t, preClaims)
-			if !bmhNameBased {
-				releaseGivesAddressesBack(t, prealloc.ns)
-			}
 
 			stock.deleteAll(t)
 			prealloc.deleteAll(t)
+			if !bmhNameBased {
+				releaseGivesAddressesBack(t, fmt.Sprintf("released-%d", i), 10*i+3)
+			}
 		})
 	}
 	// The other tests of this package expect the webhook in its default mode.
@@ -338,10 +378,13 @@ func TestRealControllers(t *testing.T) {
 }
 
 // releaseGivesAddressesBack: the claims of a Metal3Data that a later webhook rejects are
-// allocated by the IPAMs, then released, and the IPAMs delete their addresses.
-func releaseGivesAddressesBack(t *testing.T, ns string) {
+// allocated by the IPAMs, then released, and the IPAMs delete their addresses. The test creates
+// the Metal3Data itself, in a namespace CAPM3 does not watch: its template controller, when a
+// create fails, retries the whole template with backoff, and every retry is a new admission.
+func releaseGivesAddressesBack(t *testing.T, ns string, subnet int) {
 	t.Helper()
 	ctx := context.Background()
+	newWorld(t, ns, 0, subnet)
 	m := fixtures.NewMachine(fixtures.ThreePoolTemplate("workers"), 9).InNamespace(ns)
 	if err := harness.CreateMachine(ctx, cp.Client, m); err != nil {
 		t.Fatal(err)

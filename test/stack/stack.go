@@ -1,6 +1,8 @@
-// Package stack runs the real CAPM3 v1.13.2 Metal3Data controller and the real Metal3 IPAM
-// v1.13.2 IPPool controllers in-process, each in its own manager set up as its main.go sets it
-// up, and counts what CAPM3 does: reconciles per Metal3Data, requeues, and claims it creates.
+// Package stack runs the real CAPM3 v1.13.2 Metal3Data controller (and, when asked, its
+// Metal3DataTemplate controller in the same manager) and the real Metal3 IPAM v1.13.2 IPPool
+// controllers in-process, each in its own manager set up as its main.go sets it up, and counts what
+// CAPM3 does: reconciles per Metal3Data, requeues, claims it creates and when the template
+// controller created each Metal3Data.
 package stack
 
 import (
@@ -63,15 +65,27 @@ type Options struct {
 	// BMHNameBased is CAPM3's --enable-bmh-name-based-preallocation (a process-wide variable of
 	// CAPM3's baremetal package).
 	BMHNameBased bool
-	// Namespace is the controllers' --namespace: only it is watched. Empty watches all.
-	Namespace string
+	// Namespaces are the only namespaces watched, as with the controllers' --namespace; empty
+	// watches all.
+	Namespaces []string
+	// Templates runs CAPM3's Metal3DataTemplate controller next to the Metal3Data controller, in
+	// the same manager as its main.go does (same client, same per-resource rate limits): Metal3Data
+	// then arrive from Metal3DataClaims, through CAPM3's own loop. Without it the caller creates
+	// the Metal3Data.
+	Templates bool
+	// HoldMetal3Data keeps the Metal3Data controller's reconciles waiting until
+	// CAPM3.ReleaseMetal3Data, as when its queue is behind, while the template controller works.
+	HoldMetal3Data bool
 }
 
 func (o Options) cache() cache.Options {
 	syncPeriod := 10 * time.Minute
 	c := cache.Options{SyncPeriod: &syncPeriod}
-	if o.Namespace != "" {
-		c.DefaultNamespaces = map[string]cache.Config{o.Namespace: {}}
+	if len(o.Namespaces) > 0 {
+		c.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range o.Namespaces {
+			c.DefaultNamespaces[ns] = cache.Config{}
+		}
 	}
 	return c
 }
@@ -104,7 +118,7 @@ func (r *Running) Stop() error {
 	return <-r.done
 }
 
-var shutdownTimeout = 10 * time.Second
+var shutdownTimeout = 3 * time.Second
 
 func start(ctx context.Context, mgr manager.Manager) *Running {
 	ctx, cancel := context.WithCancel(ctx)
@@ -247,12 +261,19 @@ func (c *Counter) claimCreated(obj client.Object) {
 	}
 }
 
-// CAPM3 is CAPM3's Metal3Data controller running in-process.
+// CAPM3 is CAPM3's Metal3Data controller, and with Options.Templates its Metal3DataTemplate
+// controller, running in-process.
 type CAPM3 struct {
 	*Running
 	Counter *Counter
-	cache   cache.Cache
+	// Arrivals are the Metal3Data the template controller created.
+	Arrivals *Arrivals
+	cache    cache.Cache
+	hold     *hold
 }
+
+// ReleaseMetal3Data lets the Metal3Data controller reconcile, when Options.HoldMetal3Data held it.
+func (c *CAPM3) ReleaseMetal3Data() { c.hold.release() }
 
 // WarmUp starts the informers CAPM3's Metal3Data reconcile reads from and waits until they have
 // synced, as they are in a CAPM3 that has been running. Otherwise its cached client starts each
@@ -272,15 +293,16 @@ func (c *CAPM3) WarmUp(ctx context.Context) error {
 	return nil
 }
 
-// StartCAPM3 runs CAPM3 v1.13.2's Metal3Data controller with the manager options of its main.go:
-// Secrets and BareMetalHosts read uncached, the given client rate limit and concurrency.
+// StartCAPM3 runs CAPM3 v1.13.2's Metal3Data controller, and with opts.Templates its
+// Metal3DataTemplate controller, with the manager options of its main.go: Secrets and
+// BareMetalHosts read uncached, the given client rate limit and concurrency for each controller.
 func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, error) {
 	opts = opts.withDefaults()
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst, cfg.UserAgent = opts.QPS, opts.Burst, CAPM3UserAgent
 	baremetal.EnableBMHNameBasedPreallocation = opts.BMHNameBased
 
-	counter := &Counter{}
+	counter, arrivals := &Counter{}, &Arrivals{}
 	req, _ := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
 	cacheOpts := opts.cache()
 	cacheOpts.ByObject = map[client.Object]cache.ByObject{
@@ -334,12 +356,15 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 				},
 				Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 					markWrite(ctx, true)
+					called := time.Now()
 					err := c.Create(ctx, obj, opts...)
-					switch obj.(type) {
+					switch o := obj.(type) {
 					case *ipamv1.IPClaim, *capipamv1.IPAddressClaim:
 						if err == nil {
 							counter.claimCreated(obj)
 						}
+					case *infrav1.Metal3Data:
+						arrivals.record(o, called, err)
 					}
 					return err
 				},
@@ -356,7 +381,11 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 		ManagerFactory: baremetal.NewManagerFactory(mgr.GetClient()),
 		Log:            ctrl.Log.WithName("controllers").WithName("Metal3Data"),
 	}
+	held := newHold(opts.HoldMetal3Data)
 	counting := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		if err := held.wait(ctx); err != nil {
+			return reconcile.Result{}, err
+		}
 		writes := &reconcileWrites{}
 		res, err := r.Reconcile(context.WithValue(ctx, reconcileKey{}, writes), req)
 		counter.reconciled(req.NamespacedName, res, err, writes)
@@ -374,7 +403,18 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 	if err != nil {
 		return nil, err
 	}
-	return &CAPM3{Running: start(ctx, mgr), Counter: counter, cache: mgr.GetCache()}, nil
+	if opts.Templates {
+		// main.go's setup; its ClusterCache is not used by the template reconcile.
+		templates := &capm3controllers.Metal3DataTemplateReconciler{
+			Client:         mgr.GetClient(),
+			ManagerFactory: baremetal.NewManagerFactory(mgr.GetClient()),
+			Log:            ctrl.Log.WithName("controllers").WithName("Metal3DataTemplate"),
+		}
+		if err := templates.SetupWithManager(ctx, mgr, opts.controllerOptions()); err != nil {
+			return nil, err
+		}
+	}
+	return &CAPM3{Running: start(ctx, mgr), Counter: counter, Arrivals: arrivals, cache: mgr.GetCache(), hold: held}, nil
 }
 
 // StartIPAM runs the Metal3 IPAM v1.13.2 IPPool controllers, for IPClaims and for IPAddressClaims
