@@ -52,6 +52,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	start := time.Now()
+	report.started = start
 	if err := setUp(ctx, dir); err != nil {
 		fmt.Fprintln(os.Stderr, "starting the fault suite's control plane:", err, "- logs in", dir)
 		if cp != nil {
