@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"unicode/utf8"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -19,19 +20,16 @@ func FuzzRecordPatch(f *testing.F) {
 	f.Add(`{"metadata":{"name":"a"}}`, "IPClaim/a")
 	f.Add(`{"metadata":{"annotations":{"x/y~z":"1"}}}`, "IPClaim/a,IPAddressClaim/b")
 	f.Add(`{"metadata":{"annotations":{"ip-preallocator.metal3.io/claims":"old"}}}`, "")
-	f.Add(`{}`, "0")
+	f.Add(`{"metadata":{"annotations":null}}`, "0")
+	f.Add(`{"metAdAtA":{}}`, "0")
 	f.Fuzz(func(t *testing.T, doc, value string) {
-		var obj struct {
-			Metadata *struct {
-				Annotations map[string]string `json:"annotations"`
-			} `json:"metadata"`
-		}
-		// Every object the API server sends has metadata.
-		if err := json.Unmarshal([]byte(doc), &obj); err != nil || obj.Metadata == nil {
+		// Every object the API server sends has metadata; record values are object names.
+		before, ok := annotationsOf([]byte(doc))
+		if !ok || !utf8.ValidString(value) {
 			return
 		}
 		record := map[string]string{allocation.ClaimsAnnotation: value, allocation.AdmissionAnnotation: "uid"}
-		ops, err := json.Marshal(recordPatch(obj.Metadata.Annotations, record))
+		ops, err := json.Marshal(recordPatch(before, record))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,25 +41,35 @@ func FuzzRecordPatch(f *testing.F) {
 		if err != nil {
 			t.Fatalf("patch %s does not apply to %s: %v", ops, doc, err)
 		}
-		var out struct {
-			Metadata struct {
-				Annotations map[string]string `json:"annotations"`
-			} `json:"metadata"`
+		after, ok := annotationsOf(patched)
+		if !ok {
+			t.Fatalf("patched object %s has no metadata", patched)
 		}
-		if err := json.Unmarshal(patched, &out); err != nil {
-			t.Fatal(err)
-		}
-		for k, v := range obj.Metadata.Annotations {
-			if _, ours := record[k]; !ours && out.Metadata.Annotations[k] != v {
-				t.Fatalf("annotation %q changed to %q", k, out.Metadata.Annotations[k])
+		for k, v := range before {
+			if _, ours := record[k]; !ours && after[k] != v {
+				t.Fatalf("annotation %q changed to %q", k, after[k])
 			}
 		}
 		for k, v := range record {
-			if out.Metadata.Annotations[k] != v {
-				t.Fatalf("record %q = %q", k, out.Metadata.Annotations[k])
+			if after[k] != v {
+				t.Fatalf("record %q = %q", k, after[k])
 			}
 		}
 	})
+}
+
+// annotationsOf reads metadata.annotations with exact keys, as JSON patch paths match them (Go's
+// JSON decoding into structs would match keys case-insensitively).
+func annotationsOf(doc []byte) (map[string]string, bool) {
+	var top, metadata map[string]json.RawMessage
+	if json.Unmarshal(doc, &top) != nil || json.Unmarshal(top["metadata"], &metadata) != nil || metadata == nil {
+		return nil, false
+	}
+	var annotations map[string]string
+	if raw, ok := metadata["annotations"]; ok && json.Unmarshal(raw, &annotations) != nil {
+		return nil, false
+	}
+	return annotations, true
 }
 
 // FuzzHandle: any object in a Metal3Data CREATE is admitted, never panics, and a patch is only
