@@ -2,8 +2,11 @@ package allocation
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"syscall"
+	"time"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -11,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -86,7 +91,11 @@ func (c *Creator) create(ctx context.Context, dataName, token string, claim Clai
 	}
 
 	obj := claim.Preallocated(token)
-	err := c.Client.Create(ctx, obj)
+	// A throttled or failing API server is retried within the admission's deadline: every claim
+	// left to CAPM3 costs the head start.
+	err := withRetries(ctx, isTransient, func() error {
+		return c.Client.Create(ctx, obj.DeepCopyObject().(client.Object))
+	})
 	if err == nil {
 		return Result{Claim: claim, Name: obj.GetName(), Outcome: Created}
 	}
@@ -128,20 +137,57 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 			Err: fmt.Errorf("%s %s/%s exists and does not belong to this Metal3Data; CAPM3 will decide",
 				claim.Kind(), existing.GetNamespace(), name)}
 	}
-	full, _ := claim.Object.DeepCopyObject().(client.Object)
-	if err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: existing.GetNamespace(), Name: name}, full); err != nil {
-		return Result{Claim: claim, Name: name, Outcome: Failed, Err: fmt.Errorf("reading %s %s: %w", claim.Kind(), name, err)}
-	}
-	if !equality.Semantic.DeepEqual(specOf(full), specOf(claim.Object)) {
-		return Result{Claim: claim, Name: name, Outcome: Foreign,
-			Err: fmt.Errorf("%s %s/%s was preallocated for this name with another spec; CAPM3 will decide",
-				claim.Kind(), existing.GetNamespace(), name)}
-	}
-	full.GetObjectKind().SetGroupVersionKind(claim.GVK())
-	if err := Reclaim(ctx, c.Client, full, token); err != nil {
+	// The IPAM writes the claim too; a reclaim that lost that race reads it again.
+	var foreign bool
+	err := withRetries(ctx, func(err error) bool { return IsTestFailure(err) || isTransient(err) }, func() error {
+		full, _ := claim.Object.DeepCopyObject().(client.Object)
+		if err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: existing.GetNamespace(), Name: name}, full); err != nil {
+			return err
+		}
+		if !IsPreallocatedFor(full, dataName) || !equality.Semantic.DeepEqual(specOf(full), specOf(claim.Object)) {
+			foreign = true
+			return nil
+		}
+		full.GetObjectKind().SetGroupVersionKind(claim.GVK())
+		return Reclaim(ctx, c.Client, full, token)
+	})
+	if err != nil {
 		return Result{Claim: claim, Name: name, Outcome: Failed, Err: fmt.Errorf("reclaiming %s %s: %w", claim.Kind(), name, err)}
 	}
+	if foreign {
+		return Result{Claim: claim, Name: name, Outcome: Foreign,
+			Err: fmt.Errorf("%s %s/%s was preallocated for this name with another spec, or taken meanwhile; CAPM3 will decide",
+				claim.Kind(), existing.GetNamespace(), name)}
+	}
 	return Result{Claim: claim, Name: name, Outcome: Reused}
+}
+
+// createBackoff spreads a few retries over about a second; the admission's deadline ends them
+// sooner when it comes first.
+var createBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 5}
+
+// withRetries calls fn until it succeeds, fails for good, or the backoff or ctx ends, and returns
+// its last error. (client-go's retry.OnError would turn a context deadline into success.)
+func withRetries(ctx context.Context, retriable func(error) bool, fn func() error) error {
+	backoff := createBackoff
+	for {
+		err := fn()
+		if err == nil || !retriable(err) || backoff.Steps <= 1 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff.Step()):
+		}
+	}
+}
+
+// isTransient tells errors a retry may cure: throttling, server errors and broken connections.
+func isTransient(err error) bool {
+	return apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) || apierrors.IsServerTimeout(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err) || apierrors.IsUnexpectedServerError(err) ||
+		utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // specOf is what a claim asks the IPAM for; CAPM3 uses an existing claim without looking at it.

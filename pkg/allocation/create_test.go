@@ -208,3 +208,35 @@ func TestForeignErrorNamesTheClaim(t *testing.T) {
 		t.Fatalf("%s: %v", r.Outcome, r.Err)
 	}
 }
+
+// TestCreateRetriesTransientErrors: a throttled or reset create is tried again within the
+// deadline instead of leaving the claim to CAPM3; a rejection is not.
+func TestCreateRetriesTransientErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want Outcome
+	}{
+		{name: "throttled", err: apierrors.NewTooManyRequests("slow down", 1), want: Created},
+		{name: "internal error", err: apierrors.NewInternalError(errors.New("injected")), want: Created},
+		{name: "connection reset", err: errors.New("read tcp: connection reset by peer"), want: Created},
+		{name: "forbidden", err: apierrors.NewForbidden(ipamv1.GroupVersion.WithResource("ipclaims").GroupResource(), "x", errors.New("no")), want: Failed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			failures := map[string]int{}
+			c := fakeClient(&interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+				failures[obj.GetName()]++
+				if failures[obj.GetName()] <= 2 {
+					return tc.err
+				}
+				return c.Create(ctx, obj, opts...)
+			}})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", plannedClaims()[:1])[0]
+			if r.Outcome != tc.want {
+				t.Fatalf("%s: %v", r.Outcome, r.Err)
+			}
+		})
+	}
+}

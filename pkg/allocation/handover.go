@@ -190,6 +190,29 @@ func Finish(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMet
 	return err == nil, err
 }
 
+// FinishOrphan removes CAPM3's finalizer from a claim that is being deleted while its Metal3Data,
+// owner, is gone: a Metal3Data deleted before CAPM3 first reconciled it never got CAPM3's
+// finalizer, so CAPM3 never releases claims that were handed over to it. The patch applies only
+// while the claim still names that owner.
+func FinishOrphan(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata, owner types.UID) (bool, error) {
+	i := slices.Index(claim.Finalizers, infrav1.DataFinalizer)
+	o := slices.IndexFunc(claim.OwnerReferences, func(ref metav1.OwnerReference) bool { return ref.UID == owner })
+	if i < 0 || o < 0 {
+		return false, nil
+	}
+	path := fmt.Sprintf("/metadata/finalizers/%d", i)
+	err := patch(ctx, c, claim.GroupVersionKind(), claim.Namespace, claim.Name, []jsonpatch.Operation{
+		jsonpatch.NewOperation("test", "/metadata/uid", claim.UID),
+		jsonpatch.NewOperation("test", fmt.Sprintf("/metadata/ownerReferences/%d/uid", o), owner),
+		jsonpatch.NewOperation("test", path, infrav1.DataFinalizer),
+		jsonpatch.NewOperation("remove", path, nil),
+	})
+	if IsTestFailure(err) || apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // Reclaim marks a waiting claim as claimed by a new admission, token, while it is unchanged since
 // it was read (resourceVersion), so that the release grace period starts again and the hand-over
 // is bound to the new admission.

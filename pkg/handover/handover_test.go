@@ -248,3 +248,41 @@ func TestClaimsWaitingFor(t *testing.T) {
 		t.Fatalf("requests %v", reqs)
 	}
 }
+
+// TestOrphanFinished: a handed-over claim being deleted after its Metal3Data is gone (deleted
+// before CAPM3 ever reconciled it) loses CAPM3's finalizer; while the Metal3Data exists it is
+// left to CAPM3.
+func TestOrphanFinished(t *testing.T) {
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "tmpl-0-a"}}
+	for _, tc := range []struct {
+		name     string
+		wantGone bool
+	}{
+		{name: "Metal3Data gone", wantGone: true},
+		{name: "Metal3Data still there"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			owned := claim("tmpl-0-a", "t1")
+			owned.Annotations = nil
+			owned.OwnerReferences = []metav1.OwnerReference{{APIVersion: "infrastructure.cluster.x-k8s.io/v1beta2", Kind: "Metal3Data", Name: "tmpl-0", UID: "data-uid"}}
+			objs := []client.Object{owned}
+			if !tc.wantGone {
+				objs = append(objs, metal3Data("", ""))
+			}
+			c := newClient(interceptor.Funcs{}, objs...)
+			if err := c.Delete(ctx, owned); err != nil {
+				t.Fatal(err)
+			}
+			r := &Release{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(10), GracePeriod: time.Hour, ClaimGVK: allocation.IPClaimGVK}
+			res, err := r.Reconcile(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gone := apierrors.IsNotFound(c.Get(ctx, req.NamespacedName, &ipamv1.IPClaim{}))
+			if gone != tc.wantGone || !tc.wantGone && res.RequeueAfter <= 0 {
+				t.Errorf("gone=%v requeue=%v", gone, res.RequeueAfter)
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -24,6 +25,9 @@ import (
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
+
+// orphanRecheck is how often a claim being deleted is looked at again while its Metal3Data exists.
+const orphanRecheck = 30 * time.Second
 
 // waitingForIndex indexes claims that wait for a Metal3Data by its name.
 const waitingForIndex = "ip-preallocator.metal3.io/waiting-for"
@@ -80,7 +84,7 @@ func (r *Release) SetupWithManager(ctx context.Context, mgr ctrl.Manager, concur
 	}
 	waiting := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		_, ok := waitingFor(o)
-		return ok
+		return ok || orphanOwner(o) != nil
 	})
 	created := predicate.Funcs{
 		UpdateFunc:  func(event.UpdateEvent) bool { return false },
@@ -146,6 +150,9 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	dataName, ok := waitingFor(claim)
 	if !ok {
 		r.forget(req.NamespacedName)
+		if owner := orphanOwner(claim); owner != nil {
+			return r.finishOrphan(ctx, claim, owner)
+		}
 		return ctrl.Result{}, nil
 	}
 	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(claim.Namespace, dataName))
@@ -178,6 +185,38 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	return ctrl.Result{}, r.release(ctx, req.NamespacedName, dataName)
+}
+
+// orphanOwner is the Metal3Data owner of a claim that is being deleted with CAPM3's finalizer: if
+// that Metal3Data is gone, nobody else will remove the finalizer.
+func orphanOwner(o metav1.Object) *metav1.OwnerReference {
+	if o.GetDeletionTimestamp() == nil || !slices.Contains(o.GetFinalizers(), infrav1.DataFinalizer) {
+		return nil
+	}
+	for _, ref := range o.GetOwnerReferences() {
+		if ref.Kind == Metal3DataGVK.Kind {
+			return &ref
+		}
+	}
+	return nil
+}
+
+// finishOrphan removes CAPM3's finalizer from a claim being deleted once a live read shows that
+// its Metal3Data is gone; while it exists, releasing the claim is CAPM3's, and this looks again
+// later, since the Metal3Data's disappearance is no event of the claim.
+func (r *Release) finishOrphan(ctx context.Context, claim *metav1.PartialObjectMetadata, owner *metav1.OwnerReference) (ctrl.Result, error) {
+	data := allocation.Metadata(Metal3DataGVK)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)
+	if err == nil && data.UID == owner.UID {
+		return ctrl.Result{RequeueAfter: orphanRecheck}, nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	log.FromContext(ctx).Info("Removing CAPM3's finalizer from a claim whose Metal3Data is gone", r.ClaimGVK.Kind, klog.KObj(claim),
+		"Metal3Data", klog.KRef(claim.Namespace, owner.Name))
+	_, err = allocation.FinishOrphan(ctx, r.Client, claim, owner.UID)
+	return ctrl.Result{}, err
 }
 
 func (r *Release) ref(claim *metav1.PartialObjectMetadata) allocation.ClaimRef {

@@ -53,6 +53,7 @@ const (
 	ReasonReadFailed        = "ReadFailed"
 	ReasonRequester         = "RequesterNotAllowed"
 	ReasonRecordTooLarge    = "RecordTooLarge"
+	ReasonNameInUse         = "NameInUse"
 )
 
 // +kubebuilder:webhook:path=/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups=infrastructure.cluster.x-k8s.io,resources=metal3datas,verbs=create,versions=v1beta2,name=preallocate.metal3data.ip-preallocator.metal3.io,matchPolicy=Equivalent,reinvocationPolicy=Never,timeoutSeconds=5,admissionReviewVersions=v1
@@ -250,6 +251,15 @@ func (p *Preallocator) plan(ctx context.Context, data *infrav1.Metal3Data) ([]al
 	}
 	if data.Name == "" {
 		return nil, skipf(ReasonNoName, "metadata.name is not set, so claim names are unknown")
+	}
+	// A CREATE of a name the cache still holds is either about to fail (AlreadyExists) or comes
+	// right after the deletion of its predecessor, whose claims CAPM3 releases by name, from a cache
+	// as stale as ours: claims created now could be deleted under the new Metal3Data.
+	predecessor := allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3Data"))
+	if err := p.Reader.Get(ctx, types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, predecessor); err == nil {
+		return nil, skipf(ReasonNameInUse, "a Metal3Data of this name is still known (uid %s)", predecessor.UID)
+	} else if !apierrors.IsNotFound(err) {
+		return nil, err
 	}
 	if annotations.HasPaused(data) {
 		return nil, skipf(ReasonPaused, "the Metal3Data carries %s", clusterv1.PausedAnnotation)

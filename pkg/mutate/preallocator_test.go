@@ -36,8 +36,14 @@ func TestSkips(t *testing.T) {
 		without     func(m *fixtures.Machine) client.Object
 		dryRun      bool
 		requesters  []string
+		existing    func(m *fixtures.Machine) client.Object
 		wantWarning string
 	}{
+		{name: "name still in use by a deleted predecessor", reason: ReasonNameInUse, existing: func(m *fixtures.Machine) client.Object {
+			old := m.Data.DeepCopy()
+			old.UID = "predecessor"
+			return old
+		}},
 		{name: "requester not served", reason: ReasonRequester, requesters: []string{"system:serviceaccount:capm3-system:capm3-manager"}},
 		{name: "record would not fit the annotations", reason: ReasonRecordTooLarge, mutate: func(m *fixtures.Machine) {
 			m.Data.Annotations = map[string]string{"big": strings.Repeat("x", 256*1024-10)}
@@ -109,6 +115,9 @@ func TestSkips(t *testing.T) {
 				tc.mutate(m)
 			}
 			var objs []client.Object
+			if tc.existing != nil {
+				objs = append(objs, tc.existing(m))
+			}
 			for _, obj := range m.Objects() {
 				if tc.without == nil || obj != tc.without(m) {
 					objs = append(objs, obj)
