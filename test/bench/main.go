@@ -33,8 +33,8 @@ type config struct {
 	// repeats is how often each mode of a scenario runs; with two, stock and preallocated run in
 	// the order A B B A, so that the spread between a mode's two runs measures the noise.
 	repeats int
-	// pause bounds how long CAPM3's Metal3Data controller stays held, once every Metal3Data
-	// exists, while the IPAMs fulfil a preallocated backlog.
+	// pause is how long CAPM3's Metal3Data controller stays held after the first claim of a
+	// backlog, in both modes.
 	pause   time.Duration
 	timeout time.Duration
 	results string
@@ -48,7 +48,7 @@ func main() {
 	flag.IntVar(&c.templates, "templates", 10, "Metal3DataTemplates the claims of the burst-spread scenario are divided among.")
 	flag.IntVar(&c.backlog, "backlog", 200, "Metal3DataClaims created while CAPM3's Metal3Data controller is held, in the backlog scenario.")
 	flag.IntVar(&c.repeats, "repeats", 1, "Runs of each mode per scenario; 2 runs them A B B A and reports the noise.")
-	flag.DurationVar(&c.pause, "backlog-pause", time.Minute, "At most how long CAPM3's Metal3Data controller stays held, once every Metal3Data exists, while the IPAMs fulfil a preallocated backlog.")
+	flag.DurationVar(&c.pause, "backlog-pause", time.Minute, "How long CAPM3's Metal3Data controller stays held after the first claim of the backlog scenario, in both modes.")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")

@@ -12,7 +12,7 @@ import (
 )
 
 // record turns what one run observed into its figures.
-func (b *bench) record(run *Run, ms []*fixtures.Machine, claims claimCreated, released time.Time, capm3 *stack.CAPM3, events []harness.AuditEvent) {
+func (b *bench) record(run *Run, ms []*fixtures.Machine, claims claimCreated, capm3 *stack.CAPM3, events []harness.AuditEvent) {
 	ns := ms[0].DataClaim.Namespace
 	arrivals := capm3.Arrivals.In(ns)
 	data := dataOf(arrivals)
@@ -23,7 +23,7 @@ func (b *bench) record(run *Run, ms []*fixtures.Machine, claims claimCreated, re
 			lastArrival = a.Returned
 		}
 		at, _ := b.ready.Ready(a.Data)
-		run.TimeToReady = append(run.TimeToReady, at.Sub(origin(claims, released, i)).Seconds())
+		run.TimeToReady = append(run.TimeToReady, at.Sub(claims[i]).Seconds())
 		run.BeforeData = append(run.BeforeData, a.Returned.Sub(claims[i]).Seconds())
 		st := capm3.Counter.Of(a.Data)
 		run.Reconciles = append(run.Reconciles, st.Reconciles)
@@ -35,7 +35,7 @@ func (b *bench) record(run *Run, ms []*fixtures.Machine, claims claimCreated, re
 		}
 		run.Histories = append(run.Histories, st.History)
 	}
-	run.ArrivalSpan = lastArrival.Sub(origin(claims, time.Time{}, -1)).Seconds()
+	run.ArrivalSpan = lastArrival.Sub(origin(claims, -1)).Seconds()
 	recordArrivals(run, arrivals)
 	recordRequests(run, events, b.webhookUser())
 }

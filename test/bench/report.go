@@ -52,17 +52,17 @@ type Run struct {
 	// Repeat numbers the runs of one mode of a scenario, from 0.
 	Repeat       int
 	N, Templates int
-	// TimeToReady of each machine, from its Metal3DataClaim's create call (in a backlog, from
-	// the release of CAPM3's Metal3Data controller) to its Metal3Data seen Ready, and BeforeData
-	// the time from the claim's create call until CAPM3's create of the Metal3Data returned, in
+	// TimeToReady of each machine, from its Metal3DataClaim's create call to its Metal3Data seen
+	// Ready, and BeforeData the part of it until CAPM3's create of the Metal3Data returned, in
 	// seconds.
 	TimeToReady, BeforeData []float64
-	// Total is from the first claim (in a backlog, from the release) to the last Ready,
-	// ArrivalSpan from the first claim to the last Metal3Data created, in seconds.
+	// Total is from the first claim to the last Ready, ArrivalSpan from the first claim to the
+	// last Metal3Data created, in seconds.
 	Total, ArrivalSpan float64
-	// Released is when a backlog's Metal3Data controller was let go, in seconds after the first
-	// claim: once every Metal3Data existed and, preallocated, the IPAMs had fulfilled the claims.
-	Released float64 `json:",omitempty"`
+	// Released is when a backlog's Metal3Data controller was let go, and AfterRelease how long
+	// it then took until the last Metal3Data was Ready, in seconds.
+	Released     float64 `json:",omitempty"`
+	AfterRelease float64 `json:",omitempty"`
 	// The template controller's Metal3Data creates: each call as its client saw it (rate limiter
 	// included), each request as the API server timed it (admission included), and the time
 	// between two creates of one template.
@@ -116,6 +116,9 @@ func (r *Run) finish(capm3 stack.Options) {
 		r.WorkReconcileMax = max(r.WorkReconcileMax, r.WorkReconciles[i])
 	}
 	r.ReconcilesMean = float64(total) / float64(max(1, len(r.Reconciles)))
+	if r.Released > 0 {
+		r.AfterRelease = r.Total - r.Released
+	}
 	if r.Scenario != "idle" {
 		qps, burst := capm3.QPS, capm3.Burst
 		if qps == 0 {
@@ -250,7 +253,7 @@ func printReport(out io.Writer, r *Report) {
 		}
 		total := fmt.Sprintf("%.1f", run.Total)
 		if run.Released > 0 {
-			total += fmt.Sprintf(" (released at %.1f)", run.Released)
+			total += fmt.Sprintf(" (%.1f after release)", run.AfterRelease)
 		}
 		fmt.Fprintf(out, "| %s | %s | %s | %d | %d | %d | %.2f | %.2f | %.2f | %s | %.2f | %.0f%% | %.1f | %s | %.2f / %d | %d | %d | %d | %d | %.1f |\n",
 			run.Setting, run.Scenario, run.Mode, run.Repeat+1, run.N, run.Templates, run.Ready.P50, run.Ready.P95, run.Ready.Max, total,

@@ -11,12 +11,10 @@ import (
 	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
-	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
@@ -186,56 +184,6 @@ func (b *bench) notReady(capm3 *stack.CAPM3, ms []*fixtures.Machine) int {
 	return pending
 }
 
-// waitCreated waits until the template controller has created a Metal3Data for every machine.
-func (b *bench) waitCreated(ctx context.Context, capm3 *stack.CAPM3, ms []*fixtures.Machine) error {
-	deadline := time.Now().Add(b.cfg.timeout)
-	for len(dataOf(capm3.Arrivals.In(ms[0].DataClaim.Namespace))) < len(ms) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the template controller did not create every Metal3Data within %v", b.cfg.timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return nil
-}
-
-// waitAllocated waits until n claims of the namespace have an address, at most cfg.pause.
-func (b *bench) waitAllocated(ctx context.Context, ns string, n int) error {
-	c, err := b.benchClient()
-	if err != nil {
-		return err
-	}
-	deadline := time.Now().Add(b.cfg.pause)
-	for time.Now().Before(deadline) {
-		ipClaims, addrClaims := &ipamv1.IPClaimList{}, &capipamv1.IPAddressClaimList{}
-		if err := c.List(ctx, ipClaims, client.InNamespace(ns)); err != nil {
-			return err
-		}
-		if err := c.List(ctx, addrClaims, client.InNamespace(ns)); err != nil {
-			return err
-		}
-		allocated := 0
-		for _, claim := range ipClaims.Items {
-			if claim.Status.Address != nil {
-				allocated++
-			}
-		}
-		for _, claim := range addrClaims.Items {
-			if claim.Status.AddressRef.Name != "" {
-				allocated++
-			}
-		}
-		if allocated >= n {
-			return nil
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	return nil
-}
-
 // setWebhook registers ip-preallocator's mutating webhook for the modes that call it.
 func (b *bench) setWebhook(ctx context.Context, mode string) error {
 	if mode == modeStock {
@@ -317,16 +265,16 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	}
 	run := &Run{Setting: s.Name, Scenario: sc.Name, Mode: mode, Repeat: repeat, N: n, Templates: templates}
 	loadFrom := time.Now()
-	claims, released, err := b.drive(ctx, sc, mode, capm3, ms)
+	claims, released, err := b.drive(ctx, sc, capm3, ms)
 	if err != nil {
 		return nil, err
 	}
 	if err := b.waitReady(ctx, capm3, ms); err != nil {
 		return nil, err
 	}
-	run.Total = time.Since(origin(claims, released, -1)).Seconds()
+	run.Total = time.Since(origin(claims, -1)).Seconds()
 	if !released.IsZero() {
-		run.Released = released.Sub(origin(claims, time.Time{}, -1)).Seconds()
+		run.Released = released.Sub(origin(claims, -1)).Seconds()
 	}
 	if err := b.checkRendered(ctx, capm3, ns); err != nil {
 		return nil, err
@@ -348,17 +296,12 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	run.WebhookCalls, run.WebhookCall, run.WebhookHandler = int(spent.apiserver.count), spent.apiserver.mean(), spent.handler.mean()
 	run.WebhookClaimCreation = spent.claims.mean()
 	run.Load = b.load.meanSince(loadFrom)
-	b.record(run, ms, claims, released, capm3, events)
+	b.record(run, ms, claims, capm3, events)
 	return run, nil
 }
 
-// origin is where machine i's time to Ready counts from, or with i < 0 the run's: from its
-// Metal3DataClaim's create (the first claim's), or in a backlog from the release of CAPM3's
-// Metal3Data controller, since nothing happens to a stock Metal3Data while it is held.
-func origin(claims claimCreated, released time.Time, i int) time.Time {
-	if !released.IsZero() {
-		return released
-	}
+// origin is when machine i's Metal3DataClaim was sent, or with i < 0 the run's first claim.
+func origin(claims claimCreated, i int) time.Time {
 	if i >= 0 {
 		return claims[i]
 	}
@@ -372,8 +315,9 @@ func origin(claims claimCreated, released time.Time, i int) time.Time {
 }
 
 // drive creates the scenario's Metal3DataClaims and, in a backlog, releases CAPM3's Metal3Data
-// controller; it returns when each claim was sent and when the release was.
-func (b *bench) drive(ctx context.Context, sc scenario, mode string, capm3 *stack.CAPM3, ms []*fixtures.Machine) (claimCreated, time.Time, error) {
+// controller --backlog-pause after the first claim; it returns when each claim was sent and when
+// the release was.
+func (b *bench) drive(ctx context.Context, sc scenario, capm3 *stack.CAPM3, ms []*fixtures.Machine) (claimCreated, time.Time, error) {
 	claims := claimCreated{}
 	switch sc.Kind {
 	case "idle":
@@ -392,19 +336,13 @@ func (b *bench) drive(ctx context.Context, sc scenario, mode string, capm3 *stac
 			return nil, time.Time{}, err
 		}
 	case "backlog":
+		start := time.Now()
 		if err := b.createClaims(ctx, ms, claims); err != nil {
 			return nil, time.Time{}, err
 		}
-		if err := b.waitCreated(ctx, capm3, ms); err != nil {
-			return nil, time.Time{}, err
-		}
-		// CAPM3's Metal3Data controller catches up once the IPAMs have fulfilled every
-		// preallocated claim (at most --backlog-pause); stock has no claims to wait for.
-		if mode == modePreallocated {
-			if err := b.waitAllocated(ctx, ms[0].DataClaim.Namespace, 3*len(ms)); err != nil {
-				return nil, time.Time{}, err
-			}
-		}
+		// CAPM3's Metal3Data controller is behind for the same time in both modes, whatever
+		// the template controller and the IPAMs did meanwhile.
+		time.Sleep(time.Until(start.Add(b.cfg.pause)))
 		released := time.Now()
 		capm3.ReleaseMetal3Data()
 		return claims, released, nil
