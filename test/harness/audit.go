@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 )
 
 const auditPolicy = `apiVersion: audit.k8s.io/v1
@@ -35,32 +36,13 @@ func (cp *ControlPlane) configureAudit() error {
 // AuditLogPath is where kube-apiserver writes its audit log when Options.AuditLog is set.
 func (cp *ControlPlane) AuditLogPath() string { return filepath.Join(cp.Dir, "audit.log") }
 
-// AuditEvent is what the benchmarks and the demo read of an audit event.
-type AuditEvent struct {
-	Verb      string `json:"verb"`
-	Stage     string `json:"stage"`
-	UserAgent string `json:"userAgent"`
-	User      struct {
-		Username string `json:"username"`
-	} `json:"user"`
-	ObjectRef struct {
-		Resource    string `json:"resource"`
-		Subresource string `json:"subresource"`
-		Namespace   string `json:"namespace"`
-		// Name is filled for a create too, from the request's object.
-		Name string `json:"name"`
-	} `json:"objectRef"`
-	ResponseStatus struct {
-		Code int `json:"code"`
-	} `json:"responseStatus"`
-	RequestReceivedTimestamp metav1.MicroTime `json:"requestReceivedTimestamp"`
-	// StageTimestamp is when the response completed: minus RequestReceivedTimestamp, the time
-	// the API server took, admission webhooks included.
-	StageTimestamp metav1.MicroTime `json:"stageTimestamp"`
-	// Annotations include, for a create, one mutation.webhook.admission.k8s.io/ entry per mutating
-	// webhook that answered.
-	Annotations map[string]string `json:"annotations"`
-}
+// AuditEvent is an event of the API server's audit log, as k8s.io/apiserver defines it. The
+// policy logs at level Metadata: no request or response bodies. ObjectRef.Name is filled for a
+// create too, from the request's object; StageTimestamp is when the response completed, so minus
+// RequestReceivedTimestamp it is the time the API server took, admission webhooks included;
+// Annotations include, for a create, one mutation.webhook.admission.k8s.io/ entry per mutating
+// webhook that answered.
+type AuditEvent = auditv1.Event
 
 // AuditOffset is the current size of the audit log: events after it are read by AuditSince.
 func (cp *ControlPlane) AuditOffset() (int64, error) {
@@ -75,7 +57,8 @@ func (cp *ControlPlane) AuditOffset() (int64, error) {
 }
 
 // AuditSince returns the completed requests logged after offset (long-running watches count once,
-// when they start).
+// when they start). Every event has an ObjectRef and a ResponseStatus, empty where the log has
+// none.
 func (cp *ControlPlane) AuditSince(offset int64) ([]AuditEvent, error) {
 	f, err := os.Open(cp.AuditLogPath())
 	if err != nil {
@@ -93,9 +76,18 @@ func (cp *ControlPlane) AuditSince(offset int64) ([]AuditEvent, error) {
 		if err := json.Unmarshal(scanner.Bytes(), &e); err != nil {
 			continue
 		}
-		if e.Stage == "ResponseComplete" || e.Stage == "ResponseStarted" && e.Verb == "watch" {
-			events = append(events, e)
+		if e.Stage != auditv1.StageResponseComplete && (e.Stage != auditv1.StageResponseStarted || e.Verb != "watch") {
+			continue
 		}
+		// Requests for no object (discovery, /healthz) have no ObjectRef: empty ones spare the
+		// readers a nil check, as does an empty ResponseStatus.
+		if e.ObjectRef == nil {
+			e.ObjectRef = &auditv1.ObjectReference{}
+		}
+		if e.ResponseStatus == nil {
+			e.ResponseStatus = &metav1.Status{}
+		}
+		events = append(events, e)
 	}
 	return events, scanner.Err()
 }
