@@ -14,8 +14,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
 // LeaderElectionID is the lease the webhook replicas compete for (cmd/webhook).
@@ -25,23 +23,12 @@ const LeaderElectionID = "ip-preallocator.metal3.io"
 // and the file on first use. The webhook processes authenticate with it, so a missing RBAC rule
 // fails the tests.
 func (cp *ControlPlane) WebhookKubeconfig() (string, error) {
-	if cp.webhookKubeconfig != "" {
-		return cp.webhookKubeconfig, nil
-	}
-	ns, name := cp.ServiceAccount()
-	user, err := cp.Env.ControlPlane.AddUser(envtest.User{
-		Name:   "system:serviceaccount:" + ns + ":" + name,
-		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
-	}, nil)
-	if err != nil {
-		return "", err
-	}
-	data, err := user.KubeConfig()
-	if err != nil {
-		return "", err
-	}
-	if cp.webhookKubeconfig, err = cp.writeKubeconfig("webhook.kubeconfig", data); err != nil {
-		return "", err
+	if cp.webhookKubeconfig == "" {
+		path, err := cp.ServiceAccountKubeconfig(cp.ServiceAccount())
+		if err != nil {
+			return "", err
+		}
+		cp.webhookKubeconfig = path
 	}
 	return cp.webhookKubeconfig, nil
 }
