@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	"gonum.org/v1/gonum/stat"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -399,13 +399,16 @@ func waitGone(ctx context.Context, obj client.Object, timeout time.Duration) err
 	}
 }
 
-// percentile of durations (p in [0,1]), nearest rank.
+// percentile of durations (p in [0,1]): gonum's empirical quantile, the nearest rank (the
+// smallest sample at or above the fraction p of them); 0 for no samples.
 func percentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}
-	s := slices.Clone(ds)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := int(p*float64(len(s))+0.999999) - 1
-	return s[max(0, min(i, len(s)-1))]
+	xs := make([]float64, len(ds))
+	for i, d := range ds {
+		xs[i] = float64(d)
+	}
+	slices.Sort(xs)
+	return time.Duration(stat.Quantile(p, stat.Empirical, xs, nil))
 }
