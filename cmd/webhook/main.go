@@ -48,6 +48,7 @@ type options struct {
 	leaderElect      bool
 	leaderElectionNS string
 	bmhNameBased     bool
+	admissionTimeout time.Duration
 	claimTimeout     time.Duration
 	releaseGrace     time.Duration
 	handOverDelay    time.Duration
@@ -72,8 +73,10 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"Namespace of the leader election lease; defaults to the pod's namespace.")
 	fs.BoolVar(&o.bmhNameBased, "enable-bmh-name-based-preallocation", false,
 		"Name IPClaims <baremetalhost>-<pool> like CAPM3 with the same flag; set it exactly as CAPM3's.")
-	fs.DurationVar(&o.claimTimeout, "claim-creation-timeout", 3*time.Second,
+	fs.DurationVar(&o.admissionTimeout, "admission-timeout", 3*time.Second,
 		"How long one admission may take, from the request's start; the API server's own timeout for the call, when shorter, bounds it too.")
+	fs.DurationVar(&o.claimTimeout, "claim-creation-timeout", 10*time.Second,
+		"How long creating the claims of one admitted Metal3Data may take, retries included; they are created once the admission is answered.")
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
@@ -178,21 +181,27 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	admissions := &handover.Admissions{TTL: o.releaseGrace}
+	admissions := &handover.Admissions{
+		TTL: o.releaseGrace,
+		Creator: &allocation.Creator{
+			Client:    mgr.GetClient(),
+			Cache:     mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
+		},
+		CreateTimeout: o.claimTimeout,
+	}
+	if err := mgr.Add(admissions); err != nil {
+		return err
+	}
 	mgr.GetWebhookServer().Register("/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate",
 		&webhook.Admission{WithContextFunc: mutate.WithRequestTiming, Handler: &mutate.Preallocator{
-			Reader:    mgr.GetClient(),
-			APIReader: mgr.GetAPIReader(),
-			Creator: &allocation.Creator{
-				Client:    mgr.GetClient(),
-				Cache:     mgr.GetClient(),
-				APIReader: mgr.GetAPIReader(),
-			},
+			Reader:       mgr.GetClient(),
+			APIReader:    mgr.GetAPIReader(),
 			Decoder:      admission.NewDecoder(scheme),
 			BMHNameBased: o.bmhNameBased,
-			Timeout:      o.claimTimeout,
+			Timeout:      o.admissionTimeout,
 			Requesters:   o.requesters,
-			OnAdmitted:   admissions.Add,
+			OnAdmitted:   admissions.Admitted,
 		}})
 
 	if err := (&validate.Metal3DataTemplate{Reader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper()}).SetupWebhookWithManager(mgr); err != nil {

@@ -57,7 +57,8 @@ type Creator struct {
 }
 
 // Create makes sure every planned claim of the Metal3Data named dataName exists, concurrently,
-// claimed by the admission token, and stops waiting when ctx ends. A claim that already exists
+// claimed by the admission token, and stops waiting when ctx ends. It runs after the admission is
+// answered, so it may meet a claim CAPM3 created meanwhile: that one is foreign. A claim that already exists
 // under one of the names CAPM3 looks for is never modified, unless it waits for this name with
 // the planned spec: then only its AdmissionAnnotation changes.
 func (c *Creator) Create(ctx context.Context, dataName, token string, claims []Claim) []Result {
@@ -78,22 +79,18 @@ func (c *Creator) Create(ctx context.Context, dataName, token string, claims []C
 }
 
 func (c *Creator) create(ctx context.Context, dataName, token string, claim Claim) Result {
-	namespace := claim.Object.GetNamespace()
-	for _, name := range claim.Lookup {
-		existing, err := getMetadata(ctx, c.Cache, claim, namespace, name)
-		if apierrors.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			return Result{Claim: claim, Name: name, Outcome: Failed, Err: fmt.Errorf("looking up %s %s: %w", claim.Kind(), name, err)}
-		}
+	existing, err := lookup(ctx, c.Cache, claim)
+	if err != nil {
+		return Result{Claim: claim, Name: claim.Object.GetName(), Outcome: Failed, Err: err}
+	}
+	if existing != nil {
 		return c.classify(ctx, claim, existing, dataName, token)
 	}
 
 	obj := claim.Preallocated(token)
-	// A throttled or failing API server is retried within the admission's deadline: every claim
+	// A throttled or failing API server is retried within the creation's deadline: every claim
 	// left to CAPM3 costs the head start.
-	err := withRetries(ctx, isTransient, func() error {
+	err = withRetries(ctx, isTransient, func() error {
 		return c.Client.Create(ctx, obj.DeepCopyObject().(client.Object))
 	})
 	if err == nil {
@@ -102,11 +99,49 @@ func (c *Creator) create(ctx context.Context, dataName, token string, claim Clai
 	if !apierrors.IsAlreadyExists(err) {
 		return Result{Claim: claim, Name: obj.GetName(), Outcome: Failed, Err: fmt.Errorf("creating %s %s: %w", claim.Kind(), obj.GetName(), err)}
 	}
-	existing, err := getMetadata(ctx, c.APIReader, claim, namespace, obj.GetName())
+	existing, err = getMetadata(ctx, c.APIReader, claim, claim.Object.GetNamespace(), obj.GetName())
 	if err != nil {
 		return Result{Claim: claim, Name: obj.GetName(), Outcome: Failed, Err: fmt.Errorf("reading existing %s %s: %w", claim.Kind(), obj.GetName(), err)}
 	}
 	return c.classify(ctx, claim, existing, dataName, token)
+}
+
+// lookup returns the claim CAPM3 would use instead of creating one: the first that r knows under
+// the names CAPM3 looks for, or nil.
+func lookup(ctx context.Context, r client.Reader, claim Claim) (*metav1.PartialObjectMetadata, error) {
+	for _, name := range claim.Lookup {
+		existing, err := getMetadata(ctx, r, claim, claim.Object.GetNamespace(), name)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("looking up %s %s: %w", claim.Kind(), name, err)
+		}
+		return existing, nil
+	}
+	return nil, nil
+}
+
+// Usable tells, from r (the cache), whether claim can be preallocated for the Metal3Data named
+// dataName, and under which name: no claim exists under the names CAPM3 looks for, or the one
+// that exists still waits for this name (it will be reclaimed). Otherwise the error says whose
+// claim CAPM3 will find.
+func Usable(ctx context.Context, r client.Reader, dataName string, claim Claim) (string, error) {
+	existing, err := lookup(ctx, r, claim)
+	switch {
+	case err != nil:
+		return "", err
+	case existing == nil:
+		return claim.Object.GetName(), nil
+	case !IsPreallocatedFor(existing, dataName):
+		return "", foreign(claim, existing)
+	}
+	return existing.GetName(), nil
+}
+
+func foreign(claim Claim, existing metav1.Object) error {
+	return fmt.Errorf("%s %s/%s exists and does not belong to this Metal3Data; CAPM3 will decide",
+		claim.Kind(), existing.GetNamespace(), existing.GetName())
 }
 
 func getMetadata(ctx context.Context, r client.Reader, claim Claim, namespace, name string) (*metav1.PartialObjectMetadata, error) {
@@ -133,9 +168,7 @@ func IsPreallocatedFor(claim metav1.Object, dataName string) bool {
 func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Object, dataName, token string) Result {
 	name := existing.GetName()
 	if !IsPreallocatedFor(existing, dataName) {
-		return Result{Claim: claim, Name: name, Outcome: Foreign,
-			Err: fmt.Errorf("%s %s/%s exists and does not belong to this Metal3Data; CAPM3 will decide",
-				claim.Kind(), existing.GetNamespace(), name)}
+		return Result{Claim: claim, Name: name, Outcome: Foreign, Err: foreign(claim, existing)}
 	}
 	// The IPAM writes the claim too; a reclaim that lost that race reads it again.
 	var foreign bool
@@ -162,9 +195,9 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 	return Result{Claim: claim, Name: name, Outcome: Reused}
 }
 
-// createBackoff spreads a few retries over about a second; the admission's deadline ends them
-// sooner when it comes first.
-var createBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 5}
+// createBackoff spreads retries over about five seconds; the creation's deadline ends them sooner
+// when it comes first.
+var createBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 8, Cap: 2 * time.Second}
 
 // withRetries calls fn until it succeeds, fails for good, or the backoff or ctx ends, and returns
 // its last error. (client-go's retry.OnError would turn a context deadline into success.)

@@ -1,86 +1,197 @@
 package handover
 
 import (
+	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// Admissions remembers what this replica decided when it admitted a Metal3Data: the admission
-// that preallocated its claims, so that this replica hands them over itself as soon as the
-// Metal3Data is stored (the hand-over of a live replica never waits for the lease, and every other
-// replica leaves those Metal3Data alone), and a warning for the operator, which can only be
-// recorded as an Event once the Metal3Data exists.
+// Admissions remembers what this replica decided when it admitted a Metal3Data, and creates the
+// claims an admission recorded once the admission is answered: the template controller of CAPM3
+// creates Metal3Data one after another, so every write admission waited for would be paid once
+// per machine. This replica then hands the claims over itself as soon as the Metal3Data is stored
+// and they exist (the hand-over of a live replica never waits for the lease, and every other
+// replica leaves those Metal3Data alone). A warning for the operator can only be recorded as an
+// Event once the Metal3Data exists, so it waits here too.
+//
+// It is a manager Runnable: on shutdown it lets the creations in flight finish, within their
+// timeout.
 type Admissions struct {
 	// TTL bounds how long an admission whose Metal3Data is never stored is remembered.
 	TTL time.Duration
+	// Creator creates the claims of an admission.
+	Creator *allocation.Creator
+	// CreateTimeout bounds the creation of one admission's claims, retries included.
+	CreateTimeout time.Duration
 
-	mu      sync.Mutex
-	pending map[types.NamespacedName]admitted
+	mu       sync.Mutex
+	pending  map[types.NamespacedName]*admitted
+	running  sync.WaitGroup
+	once     sync.Once
+	created  chan event.GenericEvent
+	stopping chan struct{}
 }
 
 type admitted struct {
-	token   string
-	warning string
-	at      time.Time
+	token    string
+	warning  string
+	at       time.Time
+	creating bool
+	// claims are the claims this replica created or reclaimed, to hand over.
+	claims []allocation.ClaimRef
 }
 
-// Add records this replica's admission of the Metal3Data key: token when it preallocated claims,
-// warning when it skipped or left some claims to CAPM3.
-func (a *Admissions) Add(key types.NamespacedName, token, warning string) {
+func (a *Admissions) init() {
+	a.once.Do(func() {
+		a.pending = map[types.NamespacedName]*admitted{}
+		a.created = make(chan event.GenericEvent, 1024)
+		a.stopping = make(chan struct{})
+	})
+}
+
+// Created delivers the Metal3Data whose claims were created, for the hand-over controller.
+func (a *Admissions) Created() <-chan event.GenericEvent {
+	a.init()
+	return a.created
+}
+
+// Start waits for the manager to stop, then for the creations in flight.
+func (a *Admissions) Start(ctx context.Context) error {
+	a.init()
+	<-ctx.Done()
+	close(a.stopping)
+	a.running.Wait()
+	return nil
+}
+
+// NeedLeaderElection is false: every replica admits.
+func (a *Admissions) NeedLeaderElection() bool { return false }
+
+// Admitted records this replica's admission of the Metal3Data key: claims it recorded under the
+// admission token, created now in the background, and a warning for the operator.
+func (a *Admissions) Admitted(key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
+	a.init()
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	now := time.Now()
-	if a.pending == nil {
-		a.pending = map[types.NamespacedName]admitted{}
-	}
 	for k, v := range a.pending {
-		if now.Sub(v.at) > a.TTL {
+		if !v.creating && now.Sub(v.at) > a.TTL {
 			delete(a.pending, k)
 		}
 	}
-	a.pending[key] = admitted{token: token, warning: warning, at: now}
+	a.pending[key] = &admitted{token: token, warning: warning, at: now, creating: len(claims) > 0}
+	a.mu.Unlock()
+	if len(claims) > 0 {
+		a.running.Go(func() { a.create(key, token, claims) })
+	}
 }
 
-// Has tells whether this replica's admission token produced the Metal3Data key.
-func (a *Admissions) Has(key types.NamespacedName, token string) bool {
+func (a *Admissions) create(key types.NamespacedName, token string, claims []allocation.Claim) {
+	logger := klog.Background().WithValues("Metal3Data", klog.KRef(key.Namespace, key.Name))
+	ctx, cancel := context.WithTimeout(context.Background(), a.CreateTimeout)
+	defer cancel()
+	var results []allocation.Result
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				logger.Error(fmt.Errorf("panic: %v", r), "Creating preallocated claims panicked")
+			}
+		}()
+		start := time.Now()
+		results = a.Creator.Create(ctx, key.Name, token, claims)
+		claimCreationSeconds.Observe(time.Since(start).Seconds())
+	}()
+	var (
+		refs     []allocation.ClaimRef
+		warnings []string
+	)
+	for _, r := range results {
+		claimsTotal.WithLabelValues(r.Claim.Kind(), string(r.Outcome)).Inc()
+		switch r.Outcome {
+		case allocation.Created, allocation.Reused:
+			logger.V(2).Info("Preallocated IP claim", r.Claim.Kind(), klog.KRef(key.Namespace, r.Name), "outcome", r.Outcome)
+			refs = append(refs, allocation.ClaimRef{Kind: r.Claim.Kind(), Name: r.Name})
+		default:
+			logger.Info("IP claim left to CAPM3", r.Claim.Kind(), klog.KRef(key.Namespace, r.Name), "outcome", r.Outcome, "error", r.Err)
+			warnings = append(warnings, fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %v", r.Claim.Kind(), r.Name, r.Err))
+		}
+	}
+	if len(results) < len(claims) {
+		warnings = append(warnings, "ip-preallocator: creating the claims failed; CAPM3 creates those that are missing")
+	}
+	a.mu.Lock()
+	if v, ok := a.pending[key]; ok && v.token == token {
+		v.creating = false
+		v.claims = refs
+		v.warning = strings.Join(append(nonEmpty(v.warning), warnings...), "; ")
+	}
+	a.mu.Unlock()
+	notified := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	select {
+	case a.created <- event.GenericEvent{Object: notified}:
+	case <-a.stopping:
+	}
+}
+
+func nonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return []string{s}
+}
+
+// Claims returns the claims this replica's admission token created for the Metal3Data key, once
+// their creation is over; ok is false while they are being created or when the admission was
+// not this replica's.
+func (a *Admissions) Claims(key types.NamespacedName, token string) (refs []allocation.ClaimRef, ok bool) {
+	a.init()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	v, ok := a.pending[key]
-	return ok && token != "" && v.token == token
+	v, found := a.pending[key]
+	if !found || token == "" || v.token != token || v.creating {
+		return nil, false
+	}
+	return v.claims, true
 }
 
 // Pending tells whether anything is left to do for the Metal3Data key, stored with annotations.
 func (a *Admissions) Pending(key types.NamespacedName, annotations map[string]string) bool {
+	a.init()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, ok := a.pending[key]
 	return ok && (v.warning != "" || v.token != "" && v.token == annotations[allocation.AdmissionAnnotation])
 }
 
-// TakeWarning returns the warning for the Metal3Data key, once.
+// TakeWarning returns the warning for the Metal3Data key once the admission's claims are
+// created, once.
 func (a *Admissions) TakeWarning(key types.NamespacedName) string {
+	a.init()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, ok := a.pending[key]
-	if !ok || v.warning == "" {
+	if !ok || v.warning == "" || v.creating {
 		return ""
 	}
 	warning := v.warning
 	v.warning = ""
 	if v.token == "" {
 		delete(a.pending, key)
-	} else {
-		a.pending[key] = v
 	}
 	return warning
 }
 
 // Done forgets an admission whose claims were handed over.
 func (a *Admissions) Done(key types.NamespacedName, token string) {
+	a.init()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if v, ok := a.pending[key]; ok && v.token == token {

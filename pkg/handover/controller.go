@@ -26,9 +26,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
@@ -42,15 +44,24 @@ var (
 		Name: "ip_preallocator_releases_total",
 		Help: "Preallocated claims released because their Metal3Data was never stored, by claim kind.",
 	}, []string{"kind"})
+	claimsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ip_preallocator_claims_total",
+		Help: "Claims recorded during admission, by kind and by what their creation after the admission came to (created, reused, foreign, failed).",
+	}, []string{"kind", "outcome"})
+	claimCreationSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ip_preallocator_claim_creation_duration_seconds",
+		Help:    "Time spent creating the claims of one Metal3Data after its admission was answered.",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+	})
 	handOverSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ip_preallocator_handover_duration_seconds",
-		Help:    "Time to patch all claims of one Metal3Data once its create event is seen.",
+		Help:    "Time to patch all claims of one Metal3Data once it is stored and its claims are created.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(handOversTotal, releasesTotal, handOverSeconds)
+	metrics.Registry.MustRegister(handOversTotal, releasesTotal, claimsTotal, claimCreationSeconds, handOverSeconds)
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=metal3datas,verbs=get;list;watch
@@ -62,10 +73,11 @@ func init() {
 var Metal3DataGVK = infrav1.GroupVersion.WithKind("Metal3Data")
 
 // HandOver hands the claims a replica preallocated over to their Metal3Data as soon as it is
-// stored. It runs on every replica, without the lease, and acts only on the Metal3Data this
-// replica admitted: it reacts to the create event from its own metadata cache and patches all
-// claims at once, without reading from the API server, since CAPM3's first reconcile races it.
-// Release (on the leader) takes over what a replica that died could not finish.
+// stored and they are created. It runs on every replica, without the lease, and acts only on the
+// Metal3Data this replica admitted: it reacts to the create event from its own metadata cache and
+// to the end of the claims' creation, and patches all claims at once, without reading from the
+// API server, since CAPM3's first reconcile races it. Release (on the leader) takes over what a
+// replica that died could not finish.
 type HandOver struct {
 	Client     client.Client
 	Recorder   events.EventRecorder
@@ -87,6 +99,7 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-handover").
 		For(allocation.Metadata(Metal3DataGVK), builder.WithPredicates(admittedHere, createOnly)).
+		WatchesRawSource(source.Channel(h.Admissions.Created(), &handler.EnqueueRequestForObject{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(false)}).
 		Complete(h)
 }
@@ -95,23 +108,25 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	data := allocation.Metadata(Metal3DataGVK)
 	if err := h.Client.Get(ctx, req.NamespacedName, data); err != nil {
+		// Not stored yet: its create event comes back here.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if warning := h.Admissions.TakeWarning(req.NamespacedName); warning != "" {
 		h.Recorder.Eventf(data, nil, corev1.EventTypeWarning, "PreallocationIncomplete", "Preallocate", "%s", warning)
 	}
 	token := data.Annotations[allocation.AdmissionAnnotation]
-	if !data.DeletionTimestamp.IsZero() || !h.Admissions.Has(req.NamespacedName, token) {
+	refs, ok := h.Admissions.Claims(req.NamespacedName, token)
+	if !ok {
+		// Not this replica's admission, or its claims are still being created: the end of their
+		// creation comes back here.
 		return ctrl.Result{}, nil
 	}
-	refs, err := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
-	if err != nil {
-		log.FromContext(ctx).Error(err, "Ignoring unreadable preallocation record")
+	if !data.DeletionTimestamp.IsZero() {
 		h.Admissions.Done(req.NamespacedName, token)
 		return ctrl.Result{}, nil
 	}
 	start := time.Now()
-	err = handOverAll(ctx, h.Client, h.Recorder, data, refs, token, "admission")
+	err := handOverAll(ctx, h.Client, h.Recorder, data, refs, token, "admission")
 	handOverSeconds.Observe(time.Since(start).Seconds())
 	if err == nil {
 		h.Admissions.Done(req.NamespacedName, token)

@@ -92,7 +92,7 @@ func TestHandOverController(t *testing.T) {
 			recorder := events.NewFakeRecorder(10)
 			h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
 			if tc.admittedBy != "" {
-				h.Admissions.Add(dataKey, tc.admittedBy, "")
+				createdHere(h.Admissions, tc.admittedBy, "tmpl-0-a", "tmpl-0-b")
 			}
 			_, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey})
 			if (err != nil) != tc.wantErr {
@@ -107,7 +107,7 @@ func TestHandOverController(t *testing.T) {
 			if got := len(recorder.Events); got != tc.wantEvents {
 				t.Errorf("%d events, want %d", got, tc.wantEvents)
 			}
-			if remembered := h.Admissions.Has(dataKey, "t1"); remembered != (tc.admittedBy == "t1" && tc.wantErr) {
+			if _, remembered := h.Admissions.Claims(dataKey, "t1"); remembered != (tc.admittedBy == "t1" && tc.wantErr) {
 				t.Errorf("admission still remembered: %v", remembered)
 			}
 		})
@@ -119,7 +119,7 @@ func TestWarningEvent(t *testing.T) {
 	c := newClient(interceptor.Funcs{}, metal3Data("", ""))
 	recorder := events.NewFakeRecorder(10)
 	h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
-	h.Admissions.Add(dataKey, "", "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout")
+	h.Admissions.Admitted(dataKey, "", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout")
 	if !h.Admissions.Pending(dataKey, nil) {
 		t.Fatal("a warning is not pending")
 	}
@@ -137,6 +137,16 @@ func TestWarningEvent(t *testing.T) {
 	if h.Admissions.Pending(dataKey, nil) {
 		t.Error("the admission is still remembered")
 	}
+}
+
+// createdHere records that this replica's admission token created the IPClaims names for dataKey.
+func createdHere(a *Admissions, token string, names ...string) {
+	a.init()
+	v := &admitted{token: token, at: time.Now()}
+	for _, name := range names {
+		v.claims = append(v.claims, allocation.ClaimRef{Kind: allocation.KindIPClaim, Name: name})
+	}
+	a.pending[dataKey] = v
 }
 
 func contains(list []string, s string) bool {

@@ -1,6 +1,7 @@
 package mutate
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	jsonpatch "github.com/evanphx/json-patch/v5"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -15,13 +17,18 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
+// newPreallocator reads through c; what it admits is created at once, as the replica's
+// Admissions would after the answer.
 func newPreallocator(c client.Client, bmhNameBased bool) *Preallocator {
+	creator := &allocation.Creator{Client: c, Cache: c, APIReader: c}
 	return &Preallocator{
 		Reader:       c,
-		Creator:      &allocation.Creator{Client: c, Cache: c, APIReader: c},
 		Decoder:      admission.NewDecoder(fixtures.Scheme()),
 		BMHNameBased: bmhNameBased,
 		Timeout:      time.Second,
+		OnAdmitted: func(key types.NamespacedName, token string, claims []allocation.Claim, _ string) {
+			creator.Create(context.Background(), key.Name, token, claims)
+		},
 	}
 }
 

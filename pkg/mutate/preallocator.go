@@ -65,17 +65,18 @@ const (
 // +kubebuilder:rbac:groups=ipam.metal3.io,resources=ipclaims,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;create
 
-// Preallocator is the mutating admission handler for Metal3Data CREATE: it creates the IP claims
-// CAPM3 would create in its first reconcile and records them in allocation.ClaimsAnnotation. It
-// admits every Metal3Data; when it cannot preallocate, it changes nothing and CAPM3 claims as usual.
+// Preallocator is the mutating admission handler for Metal3Data CREATE: it plans the IP claims
+// CAPM3 would create in its first reconcile, records them in allocation.ClaimsAnnotation, and
+// hands them to OnAdmitted, which creates them once the answer is sent. It admits every
+// Metal3Data; when it cannot preallocate, it changes nothing and CAPM3 claims as usual.
 type Preallocator struct {
-	// Reader resolves the objects CAPM3 reads; it should be the manager's cache.
+	// Reader resolves the objects CAPM3 reads and the claims that exist; it should be the
+	// manager's cache.
 	Reader client.Reader
 	// APIReader is asked only when the cache misses: the Metal3DataClaim is created moments
 	// before its Metal3Data, and an informer a few milliseconds behind must not cost the
 	// preallocation. A template that really does not exist costs one live read.
 	APIReader client.Reader
-	Creator   *allocation.Creator
 	Decoder   admission.Decoder
 	// BMHNameBased mirrors CAPM3's --enable-bmh-name-based-preallocation.
 	BMHNameBased bool
@@ -86,8 +87,9 @@ type Preallocator struct {
 	// service account CAPM3 runs as): nobody else can make the webhook reserve addresses.
 	Requesters []string
 	// OnAdmitted is told of every admission, dry runs aside, that recorded claims on its
-	// Metal3Data (token) or has a warning for the operator.
-	OnAdmitted func(key types.NamespacedName, token, warning string)
+	// Metal3Data (token and the claims to create) or has a warning for the operator. It must not
+	// block: the template controller of CAPM3 creates Metal3Data one after another.
+	OnAdmitted func(key types.NamespacedName, token string, claims []allocation.Claim, warning string)
 }
 
 var _ admission.Handler = &Preallocator{}
@@ -136,15 +138,38 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 		return p.skipped(ctx, data, s)
 	}
 	token := string(req.UID)
-	if err := recordFits(data.Annotations, claims, token); err != nil {
+	var (
+		recorded []allocation.Claim
+		refs     []allocation.ClaimRef
+		warnings []string
+	)
+	for _, c := range claims {
+		name, err := allocation.Usable(ctx, p.Reader, data.Name, c)
+		if err != nil {
+			logger.Info("IP claim left to CAPM3", c.Kind(), klog.KRef(data.Namespace, c.Object.GetName()), "error", err)
+			warnings = append(warnings, fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %v", c.Kind(), c.Object.GetName(), err))
+			continue
+		}
+		recorded = append(recorded, c)
+		refs = append(refs, allocation.ClaimRef{Kind: c.Kind(), Name: name})
+	}
+	if len(recorded) == 0 {
+		admissionsTotal.WithLabelValues("failed", "").Inc()
+		p.admitted(data, "", nil, warnings...)
+		return admission.Allowed("").WithWarnings(warnings...)
+	}
+	record := map[string]string{allocation.ClaimsAnnotation: allocation.FormatClaims(refs), allocation.AdmissionAnnotation: token}
+	if err := recordFits(data.Annotations, record); err != nil {
 		return p.skipped(ctx, data, skipf(ReasonRecordTooLarge, "%v", err))
 	}
-
-	logger.V(2).Info("Creating IP claims ahead of CAPM3", "count", len(claims))
-	start := time.Now()
-	results := p.Creator.Create(ctx, data.Name, token, claims)
-	claimCreationSeconds.Observe(time.Since(start).Seconds())
-	return p.respond(ctx, data, token, results)
+	outcome := "preallocated"
+	if len(warnings) > 0 {
+		outcome = "partial"
+	}
+	admissionsTotal.WithLabelValues(outcome, "").Inc()
+	logger.V(2).Info("Recorded IP claims to create ahead of CAPM3", "count", len(recorded))
+	p.admitted(data, token, recorded, warnings...)
+	return admission.Patched("", recordPatch(data.Annotations, record)...).WithWarnings(warnings...)
 }
 
 // deadline is when this admission must be answered: the API server tells, in the timeout query
@@ -161,19 +186,14 @@ func deadline(ctx context.Context, timeout time.Duration) time.Time {
 	return end
 }
 
-// recordFits checks that the record of every planned claim can be added to the Metal3Data
-// without making its annotations too large to store.
-func recordFits(existing map[string]string, claims []allocation.Claim, token string) error {
-	refs := make([]allocation.ClaimRef, len(claims))
-	for i, c := range claims {
-		refs[i] = allocation.ClaimRef{Kind: c.Kind(), Name: c.Object.GetName()}
-	}
+// recordFits checks that the record can be added to the Metal3Data without making its
+// annotations too large to store.
+func recordFits(existing, record map[string]string) error {
 	annotations := maps.Clone(existing)
 	if annotations == nil {
 		annotations = map[string]string{}
 	}
-	annotations[allocation.ClaimsAnnotation] = allocation.FormatClaims(refs)
-	annotations[allocation.AdmissionAnnotation] = token
+	maps.Copy(annotations, record)
 	if errs := apivalidation.ValidateAnnotations(annotations, field.NewPath("metadata", "annotations")); len(errs) > 0 {
 		return errs.ToAggregate()
 	}
@@ -186,48 +206,16 @@ func (p *Preallocator) skipped(ctx context.Context, data *infrav1.Metal3Data, s 
 	resp := admission.Allowed("")
 	if s.reason == ReasonInvalidReferences || s.reason == ReasonReadFailed {
 		warning := "ip-preallocator: IP claims not preallocated (CAPM3 will create them): " + s.msg
-		p.admitted(data, "", warning)
+		p.admitted(data, "", nil, warning)
 		resp = resp.WithWarnings(warning)
 	}
 	return resp
 }
 
-func (p *Preallocator) admitted(data *infrav1.Metal3Data, token string, warnings ...string) {
+func (p *Preallocator) admitted(data *infrav1.Metal3Data, token string, claims []allocation.Claim, warnings ...string) {
 	if p.OnAdmitted != nil && data.Name != "" {
-		p.OnAdmitted(types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, strings.Join(warnings, "; "))
+		p.OnAdmitted(types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, claims, strings.Join(warnings, "; "))
 	}
-}
-
-func (p *Preallocator) respond(ctx context.Context, data *infrav1.Metal3Data, token string, results []allocation.Result) admission.Response {
-	logger := log.FromContext(ctx)
-	var recorded []allocation.ClaimRef
-	var warnings []string
-	for _, r := range results {
-		claimsTotal.WithLabelValues(r.Claim.Kind(), string(r.Outcome)).Inc()
-		switch r.Outcome {
-		case allocation.Created, allocation.Reused:
-			logger.V(2).Info("Preallocated IP claim", r.Claim.Kind(), klog.KRef(data.Namespace, r.Name), "outcome", r.Outcome)
-			recorded = append(recorded, allocation.ClaimRef{Kind: r.Claim.Kind(), Name: r.Name})
-		default:
-			logger.Info("IP claim left to CAPM3", r.Claim.Kind(), klog.KRef(data.Namespace, r.Name), "outcome", r.Outcome, "error", r.Err)
-			warnings = append(warnings, fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %v", r.Claim.Kind(), r.Name, r.Err))
-		}
-	}
-	outcome := "preallocated"
-	switch {
-	case len(recorded) == 0:
-		outcome = "failed"
-	case len(warnings) > 0:
-		outcome = "partial"
-	}
-	admissionsTotal.WithLabelValues(outcome, "").Inc()
-	if len(recorded) == 0 {
-		p.admitted(data, "", warnings...)
-		return admission.Allowed("").WithWarnings(warnings...)
-	}
-	p.admitted(data, token, warnings...)
-	record := map[string]string{allocation.ClaimsAnnotation: allocation.FormatClaims(recorded), allocation.AdmissionAnnotation: token}
-	return admission.Patched("", recordPatch(data.Annotations, record)...).WithWarnings(warnings...)
 }
 
 // recordPatch adds the record without touching anything else of the object.

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -209,16 +208,27 @@ func TestPreallocates(t *testing.T) {
 	}
 }
 
-func TestPartialFailureIsAdmittedWithWarning(t *testing.T) {
+// foreignClaim is a claim CAPM3 would use for pool of m, created by someone else.
+func foreignClaim(t *testing.T, m *fixtures.Machine, pool string) client.Object {
+	t.Helper()
+	c := fixtures.NewClient(m.Objects(), nil)
+	newPreallocator(c, false).Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
+	claim := fixtures.Claims(t, c)[m.Data.Name+"-"+pool]
+	claim.SetAnnotations(nil)
+	claim.SetResourceVersion("")
+	return claim
+}
+
+// TestForeignClaimIsLeftToCAPM3: a claim the cache shows under a name CAPM3 looks for, not
+// waiting for this Metal3Data, is neither recorded nor touched; the answer warns.
+func TestForeignClaimIsLeftToCAPM3(t *testing.T) {
 	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
-	c := fixtures.NewClient(m.Objects(), &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-		if obj.GetName() == "tmpl-3-pool-capi" {
-			return apierrors.NewForbidden(obj.GetObjectKind().GroupVersionKind().GroupVersion().WithResource("ipaddressclaims").GroupResource(), obj.GetName(), nil)
-		}
-		return c.Create(ctx, obj, opts...)
-	}})
+	c := fixtures.NewClient(append(m.Objects(), foreignClaim(t, m, "pool-capi")), nil)
+	var admitted []allocation.Claim
+	p := newPreallocator(c, false)
+	p.OnAdmitted = func(_ types.NamespacedName, _ string, claims []allocation.Claim, _ string) { admitted = claims }
 	req := fixtures.CreateRequest(t, m.Data, false)
-	resp := newPreallocator(c, false).Handle(context.Background(), req)
+	resp := p.Handle(context.Background(), req)
 	if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "IPAddressClaim tmpl-3-pool-capi left to CAPM3") {
 		t.Fatalf("allowed=%v warnings=%v", resp.Allowed, resp.Warnings)
 	}
@@ -227,14 +237,48 @@ func TestPartialFailureIsAdmittedWithWarning(t *testing.T) {
 		len(strings.Split(got.Annotations[allocation.ClaimsAnnotation], ",")) != len(fixtures.AllPools)-1 {
 		t.Errorf("annotation %q", got.Annotations[allocation.ClaimsAnnotation])
 	}
+	if len(admitted) != len(fixtures.AllPools)-1 || slices.ContainsFunc(admitted, func(c allocation.Claim) bool {
+		return strings.HasSuffix(c.Object.GetName(), "pool-capi")
+	}) {
+		t.Errorf("%d claims to create", len(admitted))
+	}
 }
 
-func TestAllFailedIsAdmittedUnchanged(t *testing.T) {
+// TestAdmissionWritesNothing: the answer waits for no API write; the claims are created after it.
+func TestAdmissionWritesNothing(t *testing.T) {
 	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
-	c := fixtures.NewClient(m.Objects(), &interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
-		return apierrors.NewServiceUnavailable("down")
-	}})
-	resp := newPreallocator(c, false).Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
+	writes := 0
+	count := func() { writes++ }
+	c := fixtures.NewClient(m.Objects(), &interceptor.Funcs{
+		Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+			count()
+			return nil
+		},
+		Patch: func(context.Context, client.WithWatch, client.Object, client.Patch, ...client.PatchOption) error {
+			count()
+			return nil
+		},
+		Update: func(context.Context, client.WithWatch, client.Object, ...client.UpdateOption) error {
+			count()
+			return nil
+		},
+	})
+	p := newPreallocator(c, false)
+	var admitted []allocation.Claim
+	p.OnAdmitted = func(_ types.NamespacedName, _ string, claims []allocation.Claim, _ string) { admitted = claims }
+	resp := p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
+	if !resp.Allowed || len(resp.Patches) == 0 || writes != 0 || len(admitted) != len(fixtures.AllPools) {
+		t.Fatalf("allowed=%v patches=%d writes=%d claims to create=%d", resp.Allowed, len(resp.Patches), writes, len(admitted))
+	}
+}
+
+func TestAllForeignIsAdmittedUnchanged(t *testing.T) {
+	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
+	objs := m.Objects()
+	for _, pool := range fixtures.AllPools {
+		objs = append(objs, foreignClaim(t, m, pool))
+	}
+	resp := newPreallocator(fixtures.NewClient(objs, nil), false).Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
 	if !resp.Allowed || len(resp.Patches) != 0 || len(resp.Warnings) != len(fixtures.AllPools) {
 		t.Fatalf("allowed=%v patches=%v warnings=%d", resp.Allowed, resp.Patches, len(resp.Warnings))
 	}
@@ -282,12 +326,15 @@ func TestCacheMissFallsBackToLiveRead(t *testing.T) {
 }
 
 // TestDeadlineFromRequestStart: the API server's timeout, counted from when its call arrived,
-// bounds the whole admission; the claim that could not be created in time is left to CAPM3.
+// bounds the whole admission; a read that does not answer in time skips the preallocation.
 func TestDeadlineFromRequestStart(t *testing.T) {
 	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
-	c := fixtures.NewClient(m.Objects(), &interceptor.Funcs{Create: func(ctx context.Context, _ client.WithWatch, _ client.Object, _ ...client.CreateOption) error {
-		<-ctx.Done()
-		return ctx.Err()
+	c := fixtures.NewClient(m.Objects(), &interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if key.Name == m.Template.Name {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return c.Get(ctx, key, obj, opts...)
 	}})
 	p := newPreallocator(c, false)
 	p.Timeout = time.Minute
@@ -305,27 +352,23 @@ func TestDeadlineFromRequestStart(t *testing.T) {
 	}
 }
 
-// TestOnAdmitted: the replica learns of each admission that recorded claims, with its token, and
-// of each with a warning for the operator; dry runs and silent skips are not reported.
+// TestOnAdmitted: the replica learns of each admission that recorded claims, with its token and
+// the claims to create, and of each with a warning for the operator; dry runs and silent skips are
+// not reported.
 func TestOnAdmitted(t *testing.T) {
 	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
-	failCAPI := &interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-		if strings.HasSuffix(obj.GetName(), "pool-capi") {
-			return apierrors.NewServiceUnavailable("etcd is sad")
-		}
-		return c.Create(ctx, obj, opts...)
-	}}
-	p := newPreallocator(fixtures.NewClient(m.Objects(), failCAPI), false)
+	p := newPreallocator(fixtures.NewClient(append(m.Objects(), foreignClaim(t, m, "pool-capi")), nil), false)
 	var got []string
-	p.OnAdmitted = func(key types.NamespacedName, token, warning string) {
-		got = append(got, fmt.Sprintf("%s token=%s warned=%v", key, token, strings.Contains(warning, "left to CAPM3")))
+	p.OnAdmitted = func(key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
+		got = append(got, fmt.Sprintf("%s token=%s claims=%d warned=%v", key, token, len(claims), strings.Contains(warning, "left to CAPM3")))
 	}
 	p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
 	p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, true))
 	paused := m.Data.DeepCopy()
 	paused.Annotations = map[string]string{"cluster.x-k8s.io/paused": ""}
 	p.Handle(context.Background(), fixtures.CreateRequest(t, paused, false))
-	if want := []string{fixtures.Namespace + "/" + m.Data.Name + " token=request-uid warned=true"}; !slices.Equal(got, want) {
+	want := []string{fmt.Sprintf("%s/%s token=request-uid claims=%d warned=true", fixtures.Namespace, m.Data.Name, len(fixtures.AllPools)-1)}
+	if !slices.Equal(got, want) {
 		t.Errorf("OnAdmitted calls %v, want %v", got, want)
 	}
 }

@@ -1,0 +1,186 @@
+package handover
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+)
+
+// planned is what admission records for dataKey: two IPClaims, tmpl-0-a and tmpl-0-b.
+func planned() []allocation.Claim {
+	data := &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: dataKey.Name}}
+	pools := []allocation.PoolRef{
+		{Name: "a", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind},
+		{Name: "b", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind},
+	}
+	return allocation.Plan(data, pools, data.Name, false)
+}
+
+func newAdmissions(c client.Client) *Admissions {
+	return &Admissions{TTL: time.Minute, CreateTimeout: 5 * time.Second,
+		Creator: &allocation.Creator{Client: c, Cache: c, APIReader: c}}
+}
+
+// created waits for the end of the creation of dataKey's claims.
+func created(t *testing.T, a *Admissions) {
+	t.Helper()
+	select {
+	case e := <-a.Created():
+		if client.ObjectKeyFromObject(e.Object) != dataKey {
+			t.Fatalf("created event for %s", client.ObjectKeyFromObject(e.Object))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no created event")
+	}
+}
+
+// TestAdmittedCreatesAfterTheAnswer: Admitted returns at once; the claims are created afterwards,
+// and only then does the hand-over see them (a Metal3Data stored meanwhile waits for them).
+func TestAdmittedCreatesAfterTheAnswer(t *testing.T) {
+	release := make(chan struct{})
+	c := newClient(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		<-release
+		return c.Create(ctx, obj, opts...)
+	}}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
+	a := newAdmissions(c)
+	recorder := events.NewFakeRecorder(10)
+	h := &HandOver{Client: c, Recorder: recorder, Admissions: a}
+
+	returned := make(chan struct{})
+	go func() {
+		a.Admitted(dataKey, "t1", planned(), "")
+		close(returned)
+	}()
+	select {
+	case <-returned:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Admitted waited for the creates")
+	}
+	if !a.Pending(dataKey, map[string]string{allocation.AdmissionAnnotation: "t1"}) {
+		t.Fatal("the admission is not pending")
+	}
+	// The Metal3Data's create event before the claims exist: nothing to do yet.
+	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Claims(dataKey, "t1"); ok {
+		t.Fatal("claims reported before they were created")
+	}
+	close(release)
+	created(t, a)
+	refs, ok := a.Claims(dataKey, "t1")
+	if !ok || allocation.FormatClaims(refs) != "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b" {
+		t.Fatalf("claims %v ok=%v", refs, ok)
+	}
+	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"tmpl-0-a", "tmpl-0-b"} {
+		if owners := ownedBy(t, c, name); len(owners) != 1 || owners[0].UID != "data-uid" {
+			t.Errorf("%s owners %v", name, owners)
+		}
+	}
+	if e := <-recorder.Events; !strings.HasPrefix(e, "Normal PreallocatedClaimsHandedOver") {
+		t.Errorf("event %q", e)
+	}
+}
+
+// TestCreationFailureIsAWarningEvent: a claim that cannot be created is left to CAPM3, the
+// others are handed over, and the Metal3Data gets a Warning Event naming it.
+func TestCreationFailureIsAWarningEvent(t *testing.T) {
+	c := newClient(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		if obj.GetName() == "tmpl-0-b" {
+			return apierrors.NewForbidden(allocation.IPClaimGVK.GroupVersion().WithResource("ipclaims").GroupResource(), obj.GetName(), errors.New("quota"))
+		}
+		return c.Create(ctx, obj, opts...)
+	}}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
+	a := newAdmissions(c)
+	recorder := events.NewFakeRecorder(10)
+	h := &HandOver{Client: c, Recorder: recorder, Admissions: a}
+	a.Admitted(dataKey, "t1", planned(), "")
+	created(t, a)
+	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for len(recorder.Events) > 0 {
+		got = append(got, <-recorder.Events)
+	}
+	if !slices.ContainsFunc(got, func(e string) bool {
+		return strings.HasPrefix(e, "Warning PreallocationIncomplete") && strings.Contains(e, "IPClaim tmpl-0-b left to CAPM3")
+	}) {
+		t.Errorf("events %q lack the warning", got)
+	}
+	if owners := ownedBy(t, c, "tmpl-0-a"); len(owners) != 1 {
+		t.Errorf("tmpl-0-a not handed over: %v", owners)
+	}
+	if _, ok := a.Claims(dataKey, "t1"); ok {
+		t.Error("the admission is still remembered after its hand-over")
+	}
+}
+
+// TestClaimCAPM3CreatedFirstIsLeftAlone: CAPM3 may reconcile before a claim is created; its claim
+// is never touched, and only ours are handed over.
+func TestClaimCAPM3CreatedFirstIsLeftAlone(t *testing.T) {
+	capm3s := claim("tmpl-0-b", "")
+	capm3s.Annotations = nil
+	capm3s.OwnerReferences = []metav1.OwnerReference{allocation.OwnerReference(metal3Data("", ""))}
+	c := newClient(interceptor.Funcs{}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), capm3s)
+	a := newAdmissions(c)
+	a.Admitted(dataKey, "t1", planned(), "")
+	created(t, a)
+	refs, _ := a.Claims(dataKey, "t1")
+	if allocation.FormatClaims(refs) != "IPClaim/tmpl-0-a" {
+		t.Errorf("claims to hand over %v", refs)
+	}
+	got := &metav1.PartialObjectMetadata{}
+	got.SetGroupVersionKind(allocation.IPClaimGVK)
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(capm3s), got); err != nil || len(got.Annotations) != 0 {
+		t.Errorf("CAPM3's claim changed: %v %v", got.Annotations, err)
+	}
+}
+
+// TestShutdownWaitsForCreations: a replica that stops lets the creations in flight finish.
+func TestShutdownWaitsForCreations(t *testing.T) {
+	release := make(chan struct{})
+	c := newClient(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+		<-release
+		return c.Create(ctx, obj, opts...)
+	}})
+	a := newAdmissions(c)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error)
+	go func() { stopped <- a.Start(ctx) }()
+	a.Admitted(dataKey, "t1", planned(), "")
+	cancel()
+	select {
+	case err := <-stopped:
+		t.Fatalf("stopped (%v) with a creation in flight", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("did not stop once the creation finished")
+	}
+	for _, name := range []string{"tmpl-0-a", "tmpl-0-b"} {
+		ownedBy(t, c, name) // exists
+	}
+}
