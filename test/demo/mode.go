@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/test/harness"
@@ -228,19 +229,13 @@ func (d *demo) probe(ctx context.Context, namespace string) (bool, error) {
 
 // poll calls check every 100 ms until it reports done, and returns its value.
 func poll[T any](ctx context.Context, timeout time.Duration, what string, check func() (T, bool, error)) (T, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		v, done, err := check()
-		if err != nil || done {
-			return v, err
-		}
-		if time.Now().After(deadline) {
-			return v, fmt.Errorf("waited %v for %s", timeout, what)
-		}
-		select {
-		case <-ctx.Done():
-			return v, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
+	var v T
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(context.Context) (done bool, err error) {
+		v, done, err = check()
+		return done, err
+	})
+	if wait.Interrupted(err) && ctx.Err() == nil {
+		return v, fmt.Errorf("waited %v for %s", timeout, what)
 	}
+	return v, err
 }

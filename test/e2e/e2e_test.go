@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/test/harness"
 )
@@ -153,13 +155,12 @@ func TestApplyPreallocates(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantOwner := `{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2","controller":true,"kind":"Metal3Data","name":"workers-0","uid":"` + uid + `"}`
-	handed := claims(t, ns)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); handed = claims(t, ns) {
-		if !slices.ContainsFunc(handed, func(c object) bool { return len(c.Metadata.OwnerReferences) == 0 }) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// Up to 10 s for every claim to have an owner; the checks below tell what is missing.
+	var handed []object
+	_ = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		handed = claims(t, ns)
+		return !slices.ContainsFunc(handed, func(c object) bool { return len(c.Metadata.OwnerReferences) == 0 }), nil
+	})
 	for _, c := range handed {
 		var owner bytes.Buffer
 		if len(c.Metadata.OwnerReferences) == 1 {

@@ -3,12 +3,15 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/metal3-community/ip-preallocator/test/harness"
 )
 
 // TestStoredInvalidTemplate: a Metal3DataTemplate stored before the validation existed (or before
@@ -108,13 +111,11 @@ func setTemplateValidation(t *testing.T, ns string, on bool) {
 		t.Fatal(err)
 	}
 	probe := bytes.Replace(invalid, []byte("name: broken"), []byte("name: probe"), 1)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	harness.Eventually(t, 10*time.Second, func() error {
 		_, _, err := cp.Kubectl(ctx, probe, "create", "-n", ns, "--dry-run=server", "-f", "-")
-		if (err != nil) == on {
-			return
+		if (err != nil) != on {
+			return fmt.Errorf("template validation on=%v not in effect: %v", on, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("template validation on=%v not in effect: %v", on, err)
-		}
-	}
+		return nil
+	})
 }

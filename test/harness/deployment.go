@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -182,16 +183,11 @@ func (d *Deployment) loop(ctx context.Context) {
 			}
 		}
 	}()
-	for {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		if err := d.sync(ctx); err != nil && ctx.Err() == nil {
 			d.setErr(err)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	}, 200*time.Millisecond)
 }
 
 // sync moves the pods one step towards the Deployment.
@@ -522,29 +518,24 @@ func (d *Deployment) publish(ctx context.Context, dep *appsv1.Deployment, pod *P
 // secret volume, until ctx ends: a change reaches the files delay after it is seen.
 func (cp *ControlPlane) projectSecret(ctx context.Context, namespace, name, dir, version string, delay time.Duration) {
 	var changed time.Time // when a version other than the projected one was first seen
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		secret := &corev1.Secret{}
 		if err := cp.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, secret); err != nil {
-			continue // a deleted Secret leaves the files in place, as with the kubelet
+			return // a deleted Secret leaves the files in place, as with the kubelet
 		}
 		if secret.ResourceVersion == version {
-			continue
+			return
 		}
 		if changed.IsZero() {
 			changed = time.Now()
 		}
 		if time.Since(changed) < delay {
-			continue
+			return
 		}
 		if err := writeAtomically(dir, secret.Data); err == nil {
 			version, changed = secret.ResourceVersion, time.Time{}
 		}
-	}
+	}, 100*time.Millisecond)
 }
 
 // writeAtomically lays files out as the kubelet's atomic writer does: the data in a new

@@ -519,22 +519,6 @@ func (cp *ControlPlane) Kubectl(ctx context.Context, stdin []byte, args ...strin
 	return out.String(), errOut.String(), err
 }
 
-func waitFor(ctx context.Context, timeout time.Duration, check func() error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		err := check()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", ctx.Err(), err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 func httpOK(url string) error { return healthy(http.DefaultClient, url) }
 
 // healthy tells whether a health endpoint of a process we started answers 200.

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Backend is one destination of a LoadBalancer.
@@ -60,16 +62,11 @@ func StartLoadBalancer(addr string, backends []Backend) (*LoadBalancer, error) {
 func (lb *LoadBalancer) Addr() string { return lb.l.Addr().String() }
 
 func (lb *LoadBalancer) probe() {
-	for {
+	wait.Until(func() {
 		for _, b := range lb.backends {
 			b.ready.Store(healthy(lbProbeClient, b.ReadyURL) == nil)
 		}
-		select {
-		case <-lb.stop:
-			return
-		case <-time.After(probeInterval):
-		}
-	}
+	}, probeInterval, lb.stop)
 }
 
 var lbProbeClient = newProbeClient(500 * time.Millisecond)

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // LeaderElectionID is the lease the webhook replicas compete for (cmd/webhook).
@@ -288,36 +290,29 @@ func (rs *Replicas) Metrics(i int) (string, error) {
 // stopped it (a crash, or an exit on lost leadership), as the kubelet restarts a container, until
 // ctx ends. Crashes counts them.
 func (rs *Replicas) Supervise(ctx context.Context, delay time.Duration) {
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(100 * time.Millisecond):
+	go wait.UntilWithContext(ctx, func(ctx context.Context) {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		for i, r := range rs.replicas {
+			if rs.stopped || r.down || r.restarting || r.proc == nil || r.proc.Running() {
+				continue
 			}
-			rs.mu.Lock()
-			for i, r := range rs.replicas {
-				if rs.stopped || r.down || r.restarting || r.proc == nil || r.proc.Running() {
-					continue
+			rs.crashes++
+			r.restarting = true
+			go func() {
+				select {
+				case <-ctx.Done():
+				case <-time.After(delay):
 				}
-				rs.crashes++
-				r.restarting = true
-				go func() {
-					select {
-					case <-ctx.Done():
-					case <-time.After(delay):
-					}
-					rs.mu.Lock()
-					defer rs.mu.Unlock()
-					r.restarting = false
-					if ctx.Err() == nil && !rs.stopped && !r.down && !r.proc.Running() {
-						_ = rs.startLocked(i)
-					}
-				}()
-			}
-			rs.mu.Unlock()
+				rs.mu.Lock()
+				defer rs.mu.Unlock()
+				r.restarting = false
+				if ctx.Err() == nil && !rs.stopped && !r.down && !r.proc.Running() {
+					_ = rs.startLocked(i)
+				}
+			}()
 		}
-	}()
+	}, 100*time.Millisecond)
 }
 
 // ReplicaCounts are the lifecycle events of the replicas since they started.

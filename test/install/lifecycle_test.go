@@ -125,7 +125,7 @@ func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 
 	// The CA injector fills caBundle of both configurations with the CA.
 	caBundle := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
-	waitFor(t, 60*time.Second, func() error {
+	harness.Eventually(t, 60*time.Second, func() error {
 		for _, kind := range []string{"mutatingwebhookconfiguration/" + mutating, "validatingwebhookconfiguration/" + validating} {
 			if got := injected(t, kind); !bytes.Equal(got, caBundle) {
 				return fmt.Errorf("%s caBundle %q, want the CA", kind, got)
@@ -184,7 +184,7 @@ func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, func() error {
+	harness.Eventually(t, 30*time.Second, func() error {
 		out := kubectl(t, nil, "events", "-n", w.ns, "--for", "metal3data/"+partial.Name, "--types=Warning")
 		if !strings.Contains(out, "PreallocationIncomplete") || !strings.Contains(out, foreign) {
 			return fmt.Errorf("no Warning Event naming %s on Metal3Data %s: %q", foreign, partial.Name, out)
@@ -235,14 +235,14 @@ func testRenewal(t *testing.T, dep *harness.Deployment, pod *harness.Pod, w *wor
 	renewed := time.Now()
 
 	var after *x509.Certificate
-	waitFor(t, 60*time.Second, func() error {
+	harness.Eventually(t, 60*time.Second, func() error {
 		_, after = secretCerts(t)
 		if after.Equal(before) {
 			return errors.New("the Secret holds the old certificate")
 		}
 		return nil
 	})
-	waitFor(t, 30*time.Second, func() error {
+	harness.Eventually(t, 30*time.Second, func() error {
 		served, err := servedCert(pod, caBundle)
 		if err != nil {
 			return err
@@ -299,7 +299,7 @@ func testUpgrade(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 	makeTarget(t, "deploy", "RELEASE_DIR="+dir, "IMG="+image(version), "VERSION="+version,
 		"ENABLE_BMH_NAME_BASED_PREALLOCATION=false", "KUBECTL="+filepath.Join(cp.Root, "bin", "kubectl"))
 	var pod *harness.Pod
-	waitFor(t, 90*time.Second, func() error {
+	harness.Eventually(t, 90*time.Second, func() error {
 		if pod = dep.Current(); pod == nil || pod.Image != image(version) {
 			return fmt.Errorf("the new version does not serve: %v", dep.Err())
 		}
@@ -312,7 +312,7 @@ func testUpgrade(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 		t.Fatalf("claims waiting when the new version took over: %v, want %v", got, waiting)
 	}
 	// The new version finishes them: released, as their Metal3Data were never stored.
-	waitFor(t, gracePeriod+30*time.Second, func() error {
+	harness.Eventually(t, gracePeriod+30*time.Second, func() error {
 		if got := w.waiting(t); len(got) > 0 {
 			return fmt.Errorf("claims still wait: %v", got)
 		}
@@ -478,21 +478,6 @@ func grep(text, pattern string) string {
 	return strings.Join(out, "\n")
 }
 
-func waitFor(t *testing.T, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // rejectLabelled installs a validating admission policy that rejects Metal3Data labelled
 // rejectLabel, as a later admission step would: the mutating webhook has run and preallocated,
 // and the object is never stored, so its claims wait until the release controller releases them.
@@ -574,7 +559,7 @@ func (w *world) rejectSome(t *testing.T, n int) []string {
 	var names []string
 	for range n {
 		var data *infrav1.Metal3Data
-		waitFor(t, 30*time.Second, func() error {
+		harness.Eventually(t, 30*time.Second, func() error {
 			var err error
 			data, err = w.admit(context.Background(), true)
 			if err == nil {

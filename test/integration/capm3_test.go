@@ -69,7 +69,7 @@ func ready(ctx context.Context, data *infrav1.Metal3Data) (bool, error) {
 
 func waitReady(t *testing.T, ms []*fixtures.Machine) {
 	t.Helper()
-	eventually(t, 90*time.Second, func() error {
+	harness.Eventually(t, 90*time.Second, func() error {
 		for _, m := range ms {
 			ok, err := ready(context.Background(), m.Data)
 			if err != nil {
@@ -103,7 +103,7 @@ func (w *world) createIdle(t *testing.T) {
 func adoptData(t *testing.T, m *fixtures.Machine) {
 	t.Helper()
 	ctx := context.Background()
-	eventually(t, 60*time.Second, func() error {
+	harness.Eventually(t, 60*time.Second, func() error {
 		claim := &infrav1.Metal3DataClaim{}
 		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(m.DataClaim), claim); err != nil {
 			return err
@@ -227,7 +227,7 @@ func (w *world) deleteAll(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 90*time.Second, func() error {
+	harness.Eventually(t, 90*time.Second, func() error {
 		for _, list := range []client.ObjectList{
 			&ipamv1.IPClaimList{}, &capipamv1.IPAddressClaimList{}, &ipamv1.IPAddressList{}, &capipamv1.IPAddressList{},
 			&infrav1.Metal3DataList{}, &infrav1.Metal3DataClaimList{},
@@ -394,7 +394,7 @@ func releaseGivesAddressesBack(t *testing.T, ns string, subnet int) {
 		t.Fatal("the rejector admitted the Metal3Data")
 	}
 	allocated := map[string]string{}
-	eventually(t, 30*time.Second, func() error {
+	harness.Eventually(t, 30*time.Second, func() error {
 		for _, pool := range pools {
 			claim, err := claimOf(ctx, m, pool)
 			if err != nil {
@@ -409,7 +409,7 @@ func releaseGivesAddressesBack(t *testing.T, ns string, subnet int) {
 		}
 		return nil
 	})
-	eventually(t, gracePeriod+30*time.Second, func() error {
+	harness.Eventually(t, gracePeriod+30*time.Second, func() error {
 		for _, pool := range pools {
 			if _, err := claimOf(ctx, m, pool); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("claim of %s: %v", pool, err)

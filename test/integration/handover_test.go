@@ -120,6 +120,18 @@ func handedOver(claim client.Object, data *infrav1.Metal3Data) string {
 	return ""
 }
 
+// claimHandedOver checks the claim of m for pool.
+func claimHandedOver(ctx context.Context, m *fixtures.Machine, pool string) error {
+	claim, err := claimOf(ctx, m, pool)
+	if err != nil {
+		return err
+	}
+	if problem := handedOver(claim, m.Data); problem != "" {
+		return fmt.Errorf("%s: %s", claim.GetName(), problem)
+	}
+	return nil
+}
+
 // allHandedOver checks every claim of the machines, recording their resource versions when asked.
 func allHandedOver(ctx context.Context, ms []*fixtures.Machine, versions map[string]string) error {
 	for _, m := range ms {
@@ -137,21 +149,6 @@ func allHandedOver(ctx context.Context, ms []*fixtures.Machine, versions map[str
 		}
 	}
 	return nil
-}
-
-func eventually(t *testing.T, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // TestHandOverUnderConcurrentCreations creates many Metal3Data at once with the garbage collector
@@ -178,7 +175,7 @@ func TestHandOverUnderConcurrentCreations(t *testing.T) {
 	}
 
 	check := func() error { return allHandedOver(ctx, ms, nil) }
-	eventually(t, 10*time.Second, check)
+	harness.Eventually(t, 10*time.Second, check)
 	// The collector looks owners up within milliseconds of seeing a dependent; give it time to
 	// do anything it would do.
 	time.Sleep(3 * time.Second)
@@ -186,7 +183,7 @@ func TestHandOverUnderConcurrentCreations(t *testing.T) {
 		t.Fatalf("after the garbage collector had its chance: %v", err)
 	}
 
-	eventually(t, 10*time.Second, func() error {
+	harness.Eventually(t, 10*time.Second, func() error {
 		events := &eventsv1.EventList{}
 		if err := cp.Client.List(ctx, events, client.InNamespace(ns)); err != nil {
 			return err
@@ -230,7 +227,7 @@ func TestReleaseWhenNeverStored(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	eventually(t, gracePeriod+10*time.Second, func() error {
+	harness.Eventually(t, gracePeriod+10*time.Second, func() error {
 		for _, pool := range pools {
 			if claim, err := claimOf(ctx, rejected, pool); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("%s still there (%v): finalizers %v", pool, err, claim.GetFinalizers())
@@ -276,15 +273,8 @@ func TestResyncHandsOverUnrecordedClaims(t *testing.T) {
 	if err := cp.StartWebhook(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, func() error {
-		got, err := claimOf(ctx, m, fixtures.ProvisioningPool)
-		if err != nil {
-			return err
-		}
-		if problem := handedOver(got, m.Data); problem != "" {
-			return fmt.Errorf("%s", problem)
-		}
-		return nil
+	harness.Eventually(t, 15*time.Second, func() error {
+		return claimHandedOver(ctx, m, fixtures.ProvisioningPool)
 	})
 }
 
@@ -299,7 +289,7 @@ func TestRestartWritesNothing(t *testing.T) {
 		}
 	}
 	versions := map[string]string{}
-	eventually(t, 10*time.Second, func() error { return allHandedOver(ctx, ms, versions) })
+	harness.Eventually(t, 10*time.Second, func() error { return allHandedOver(ctx, ms, versions) })
 	cp.StopWebhook()
 	if err := cp.StartWebhook(ctx); err != nil {
 		t.Fatal(err)
@@ -358,15 +348,8 @@ func TestLostResponseHandedOverAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	eventually(t, gracePeriod+10*time.Second, func() error {
-		got, err := claimOf(ctx, m, fixtures.ProvisioningPool)
-		if err != nil {
-			return err
-		}
-		if problem := handedOver(got, m.Data); problem != "" {
-			return fmt.Errorf("%s", problem)
-		}
-		return nil
+	harness.Eventually(t, gracePeriod+10*time.Second, func() error {
+		return claimHandedOver(ctx, m, fixtures.ProvisioningPool)
 	})
 	if elapsed := time.Since(start); elapsed > gracePeriod/2 {
 		t.Errorf("handed over %v after the Metal3Data was stored; the grace period is %v", elapsed, gracePeriod)
@@ -383,7 +366,7 @@ func TestWaitingClaimDeletedIsFinished(t *testing.T) {
 	if err := cp.Client.Delete(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	harness.Eventually(t, 10*time.Second, func() error {
 		got, err := claimOf(ctx, m, fixtures.ProvisioningPool)
 		if apierrors.IsNotFound(err) {
 			return nil
