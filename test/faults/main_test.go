@@ -140,6 +140,8 @@ type sizes struct {
 	apiFaultData int
 	// concurrent: Metal3Data created at once.
 	concurrentData int
+	// leader-loss: Metal3Data of the idle reference before the leader's kill, and as many after.
+	leaderIdle int
 }
 
 func chooseSizes() sizes {
@@ -151,6 +153,7 @@ func chooseSizes() sizes {
 		deletedNamespaces: 2, machinesPerNamespace: 6, handDeleted: 8,
 		apiFaultData:   30,
 		concurrentData: 100,
+		leaderIdle:     12,
 	}
 	if os.Getenv("FAULTS_FULL") != "" {
 		s = sizes{
@@ -161,6 +164,7 @@ func chooseSizes() sizes {
 			deletedNamespaces: 8, machinesPerNamespace: 15, handDeleted: 40,
 			apiFaultData:   200,
 			concurrentData: 1000,
+			leaderIdle:     25,
 		}
 	}
 	if n, err := strconv.Atoi(os.Getenv("FAULTS_TRIALS")); err == nil && n > 0 {

@@ -24,7 +24,9 @@ type scenarioResult struct {
 	counts      []namedCount
 	info        []namedCount
 	figures     []string
-	duration    time.Duration
+	// tables are the scenario's Markdown tables, one per trial.
+	tables   [][]string
+	duration time.Duration
 }
 
 type suiteReport struct {
@@ -82,6 +84,9 @@ func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount,
 	}
 	for _, f := range sc.figures {
 		res.figures = append(res.figures, prefix+f)
+	}
+	if len(sc.table) > 0 {
+		res.tables = append(res.tables, slices.Clone(sc.table))
 	}
 }
 
@@ -181,6 +186,16 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 		}
 		for _, f := range res.figures {
 			p("- %s", f)
+		}
+		for i, table := range res.tables {
+			p("")
+			if len(res.tables) > 1 {
+				p("Trial %d:", i+1)
+				p("")
+			}
+			for _, line := range table {
+				p("%s", line)
+			}
 		}
 		for _, c := range res.counts {
 			if c.n == 0 {

@@ -42,6 +42,8 @@ type scenario struct {
 	admissions []admission
 	faults     []namedCount
 	figures    []string
+	// table is a Markdown table the report prints under the scenario's figures.
+	table []string
 	// webhookFaults: replicas were killed or their API requests failed, so an admission may go
 	// unanswered (the API server fails open) without that being a defect.
 	webhookFaults bool
