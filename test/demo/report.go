@@ -32,6 +32,9 @@ type Row struct {
 	// Claims created for it by CAPM3 (counted by test/stack) and by the webhook (the claims that
 	// carried the preallocated-for annotation when created).
 	ClaimsByCAPM3, ClaimsByWebhook int
+	// CAPM3CreatedWarned counts the claims CAPM3 created that the webhook said, in a Warning
+	// Event, it had left to CAPM3.
+	CAPM3CreatedWarned int
 	// Addresses maps a pool to the address of the Metal3Data's claim on it.
 	Addresses map[string]string
 	// FirstSawWaitingClaim: CAPM3's first reconcile read a claim not handed over yet.
@@ -141,6 +144,15 @@ func (d *demo) row(ctx context.Context, key types.NamespacedName, claimCreate, c
 	}
 	if webhookCalled(create) {
 		row.Mode = modePreallocated
+		left, err := harness.ClaimsLeftToCAPM3(ctx, d.cp.Client, key.Namespace)
+		if err != nil {
+			return Row{}, err
+		}
+		for _, c := range stats.CreatedClaims {
+			if left[c] {
+				row.CAPM3CreatedWarned++
+			}
+		}
 	}
 	claims := &ipamv1.IPClaimList{}
 	if err := d.cp.Client.List(ctx, claims, client.InNamespace(key.Namespace)); err != nil {

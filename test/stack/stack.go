@@ -8,6 +8,7 @@ package stack
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -148,6 +149,8 @@ type Stats struct {
 	Requeues int
 	// ClaimsCreated counts claims CAPM3 created for it.
 	ClaimsCreated int
+	// CreatedClaims names them, as kind/name.
+	CreatedClaims []string
 	// FirstReconcileRequeued: the first reconcile did not finish the Metal3Data.
 	FirstReconcileRequeued bool
 	// FirstReconcileSawWaitingClaim: the first reconcile read a claim preallocated for this
@@ -160,6 +163,9 @@ type Stats struct {
 	// History has a letter per reconcile, in order: W did work, P only patched, . wrote nothing;
 	// lowercase when the reconcile ended in a requeue.
 	History string
+	// Starts is when the controller handed each reconcile to the reconciler (before a hold), in
+	// order: what woke one was written between the previous start and its own.
+	Starts []time.Time
 }
 
 // reconcileWrites lets the client tell the reconcile it serves what it wrote.
@@ -196,7 +202,9 @@ func (c *Counter) get(key types.NamespacedName) *Stats {
 func (c *Counter) Of(key types.NamespacedName) Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return *c.get(key)
+	s := *c.get(key)
+	s.Starts = slices.Clone(s.Starts)
+	return s
 }
 
 // All returns a copy of every Stats.
@@ -205,16 +213,19 @@ func (c *Counter) All() map[types.NamespacedName]Stats {
 	defer c.mu.Unlock()
 	out := make(map[types.NamespacedName]Stats, len(c.stats))
 	for k, v := range c.stats {
-		out[k] = *v
+		s := *v
+		s.Starts = slices.Clone(v.Starts)
+		out[k] = s
 	}
 	return out
 }
 
-func (c *Counter) reconciled(key types.NamespacedName, res reconcile.Result, err error, writes *reconcileWrites) {
+func (c *Counter) reconciled(key types.NamespacedName, started time.Time, res reconcile.Result, err error, writes *reconcileWrites) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.get(key)
 	s.Reconciles++
+	s.Starts = append(s.Starts, started)
 	letter := "."
 	switch {
 	case writes.created.Load():
@@ -251,11 +262,20 @@ func (c *Counter) claimRead(obj client.Object) {
 	}
 }
 
+func claimKind(obj client.Object) string {
+	if _, ok := obj.(*ipamv1.IPClaim); ok {
+		return allocation.KindIPClaim
+	}
+	return allocation.KindIPAddressClaim
+}
+
 func (c *Counter) claimCreated(obj client.Object) {
 	for _, ref := range obj.GetOwnerReferences() {
 		if ref.Kind == "Metal3Data" {
 			c.mu.Lock()
-			c.get(types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name}).ClaimsCreated++
+			s := c.get(types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name})
+			s.ClaimsCreated++
+			s.CreatedClaims = append(s.CreatedClaims, claimKind(obj)+"/"+obj.GetName())
 			c.mu.Unlock()
 		}
 	}
@@ -383,12 +403,13 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 	}
 	held := newHold(opts.HoldMetal3Data)
 	counting := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+		started := time.Now()
 		if err := held.wait(ctx); err != nil {
 			return reconcile.Result{}, err
 		}
 		writes := &reconcileWrites{}
 		res, err := r.Reconcile(context.WithValue(ctx, reconcileKey{}, writes), req)
-		counter.reconciled(req.NamespacedName, res, err, writes)
+		counter.reconciled(req.NamespacedName, started, res, err, writes)
 		return res, err
 	})
 	// CAPM3's Metal3DataReconciler.SetupWithManager, with the counting wrapper as the reconciler;

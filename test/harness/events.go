@@ -1,0 +1,32 @@
+package harness
+
+import (
+	"context"
+	"regexp"
+
+	eventsv1 "k8s.io/api/events/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// leftToCAPM3 matches how the webhook names a claim it left to CAPM3 in its warnings.
+var leftToCAPM3 = regexp.MustCompile(`(IPClaim|IPAddressClaim) (\S+) left to CAPM3`)
+
+// ClaimsLeftToCAPM3 lists, as kind/name, the claims the webhook said it left to CAPM3 in the
+// PreallocationIncomplete Events of namespace: a claim it could not create, or that CAPM3
+// created first (the claims are created after the admission is answered).
+func ClaimsLeftToCAPM3(ctx context.Context, c client.Reader, namespace string) (map[string]bool, error) {
+	list := &eventsv1.EventList{}
+	if err := c.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		return nil, err
+	}
+	left := map[string]bool{}
+	for _, e := range list.Items {
+		if e.Reason != "PreallocationIncomplete" {
+			continue
+		}
+		for _, m := range leftToCAPM3.FindAllStringSubmatch(e.Note, -1) {
+			left[m[1]+"/"+m[2]] = true
+		}
+	}
+	return left, nil
+}
