@@ -15,6 +15,7 @@ import (
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -140,12 +141,17 @@ func TestClaimsEqualCAPM3(t *testing.T) {
 	}
 }
 
+// preallocator admits through c and creates what it admitted at once, as the replica's
+// Admissions does after the answer.
 func preallocator(c client.Client, bmhNameBased bool) *mutate.Preallocator {
+	creator := &allocation.Creator{Client: c, Cache: c, APIReader: c}
 	return &mutate.Preallocator{
 		Reader:       c,
-		Creator:      &allocation.Creator{Client: c, Cache: c, APIReader: c},
 		Decoder:      admission.NewDecoder(fixtures.Scheme()),
 		BMHNameBased: bmhNameBased,
 		Timeout:      time.Second,
+		OnAdmitted: func(key types.NamespacedName, token string, claims []allocation.Claim, _ string) {
+			creator.Create(context.Background(), key.Name, token, claims)
+		},
 	}
 }
