@@ -113,11 +113,15 @@ func TestApplyPreallocates(t *testing.T) {
 		t.Errorf("kubectl printed warnings: %s", warnings)
 	}
 
-	// No wait: the claims exist when kubectl apply returns.
-	got := claims(t, ns)
-	if !slices.Equal(names(got), wantClaims) {
-		t.Fatalf("claims %v, want %v", names(got), wantClaims)
-	}
+	// The webhook creates the claims as its answer leaves: by the time kubectl has printed, they
+	// are there or about to be.
+	var got []object
+	harness.Eventually(t, 5*time.Second, func() error {
+		if got = claims(t, ns); !slices.Equal(names(got), wantClaims) {
+			return fmt.Errorf("claims %v, want %v", names(got), wantClaims)
+		}
+		return nil
+	})
 	for _, c := range got {
 		// Pending, or already handed over by the time kubectl get ran.
 		pending := c.Metadata.Annotations[allocation.PreallocatedForAnnotation] == "workers-0" && len(c.Metadata.OwnerReferences) == 0
@@ -241,9 +245,12 @@ func TestWebhookDown(t *testing.T) {
 	if _, _, err := cp.Apply(ctx, up, "testdata/metal3data.yaml", map[string]any{"Template": "workers"}); err != nil {
 		t.Fatal(err)
 	}
-	if got := names(claims(t, up)); !slices.Equal(got, wantClaims) {
-		t.Errorf("claims after restart %v, want %v", got, wantClaims)
-	}
+	harness.Eventually(t, 5*time.Second, func() error {
+		if got := names(claims(t, up)); !slices.Equal(got, wantClaims) {
+			return fmt.Errorf("claims after restart %v, want %v", got, wantClaims)
+		}
+		return nil
+	})
 }
 
 // TestRenderedConfigInstalls: what a user applies, config/default, passes the API server's
