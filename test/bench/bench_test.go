@@ -3,21 +3,22 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"testing"
 	"time"
 )
 
-// TestQuickBench runs make bench's program with small sizes, each mode of each scenario twice
-// (stock, preallocated, preallocated, stock), and checks what the project claims against stock
-// CAPM3 in the same run: preallocated is not slower than stock beyond the noise measured on this
-// machine, whatever else runs on it, CAPM3 creates no claim next to the webhook, needs no more
-// reconciles when idle and after a backlog, and after a backlog does its work for each Metal3Data
-// in one reconcile.
+// TestQuickBench runs make bench's program with small sizes, each mode of each scenario three
+// times (A B, B A, A B), and checks what the project claims against stock CAPM3 in the same run:
+// preallocated is not slower than stock beyond the noise measured on this machine, whatever else
+// runs on it, CAPM3 creates no claim next to the webhook, needs no more reconciles when idle and
+// after a backlog, and after a backlog does its work for each Metal3Data in one reconcile. The
+// leader-loss scenario (two webhook replicas) is left to make bench.
 func TestQuickBench(t *testing.T) {
 	var out bytes.Buffer
 	report, err := run(context.Background(), config{
-		idle: 5, burst: 15, templates: 3, backlog: 15, repeats: 2, pause: 3 * time.Second, timeout: 5 * time.Minute,
+		idle: 5, burst: 15, templates: 3, backlog: 15, repeats: 3, pause: 3 * time.Second, timeout: 5 * time.Minute,
 	}, &out)
 	t.Log(out.String())
 	if err != nil {
@@ -28,6 +29,7 @@ func TestQuickBench(t *testing.T) {
 	total := func(q Comparison) (float64, float64) { return q.Total, q.NoiseTotal }
 	checkNotSlower(t, report.Comparisons, "mean time to Ready", readyMean)
 	checkNotSlower(t, report.Comparisons, "total", total)
+	checkRaisedLimitsBurst(t, report.Comparisons)
 	for _, q := range report.Comparisons {
 		if (q.Scenario == "idle" || q.Scenario == "backlog") && q.ReconcilesMean > 1 {
 			t.Errorf("%s/%s: %.2f× stock's CAPM3 reconciles per Metal3Data", q.Setting, q.Scenario, q.ReconcilesMean)
@@ -53,8 +55,9 @@ func checkNotSlower(t *testing.T, comparisons []Comparison, what string, figures
 		ratio, noise := figures(q)
 		allowed := 2 * max(noise, typical)
 		if q.Setting == "raised-limits" {
-			// Not met yet (issue 11): reported in every run, not asserted.
-			t.Logf("%s/%s (open, issue 11): %s %.2f× stock's, allowed %.2f×", q.Setting, q.Scenario, what, ratio, 1+allowed)
+			// Twice the noise is not asserted here (issue 11): checkRaisedLimitsBurst holds the
+			// one-template burst's total to 1 plus the noise.
+			t.Logf("%s/%s: %s %.2f× stock's, twice the noise would allow %.2f×", q.Setting, q.Scenario, what, ratio, 1+allowed)
 			continue
 		}
 		if ratio > 1+allowed {
@@ -62,6 +65,39 @@ func checkNotSlower(t *testing.T, comparisons []Comparison, what string, figures
 				q.Setting, q.Scenario, what, ratio, 100*noise, 100*typical)
 		}
 	}
+}
+
+// checkRaisedLimitsBurst (issue 11): with CAPM3's client limits raised, a burst of one template
+// takes preallocated no longer in total than stock, beyond the noise band of this run.
+func checkRaisedLimitsBurst(t *testing.T, comparisons []Comparison) {
+	t.Helper()
+	for _, q := range comparisons {
+		if q.Setting != "raised-limits" || q.Scenario != "burst" {
+			continue
+		}
+		ratio, allowed, err := raisedLimitsBurstVerdict(q)
+		t.Logf("raised-limits/burst: total %.2f× stock's (per repetition %.2f), allowed %.2f× (noise ±%.0f%%)",
+			ratio.Mean, ratio.Values, allowed, 100*q.NoiseTotal)
+		if err != nil {
+			t.Error(err)
+		}
+		return
+	}
+	t.Error("raised-limits/burst did not run")
+}
+
+// raisedLimitsBurstVerdict: the mean over the repetitions of preallocated's total over stock's
+// may not exceed 1 plus the noise band, the larger between the two modes of the range of one
+// mode's totals relative to their mean; without two repetitions there is no band.
+func raisedLimitsBurstVerdict(q Comparison) (ratio Ratio, allowed float64, err error) {
+	ratio, allowed = q.Ratio(ratioTotal), 1+q.NoiseTotal
+	switch {
+	case len(ratio.Values) < 2 || q.NoiseTotal == 0:
+		err = fmt.Errorf("raised-limits/burst: %d repetitions, no noise band to compare with", len(ratio.Values))
+	case ratio.Mean > allowed:
+		err = fmt.Errorf("raised-limits/burst: total %.2f× stock's, above 1 + the noise band (±%.0f%%)", ratio.Mean, 100*q.NoiseTotal)
+	}
+	return ratio, allowed, err
 }
 
 // checkClaims: CAPM3 created every claim in stock and with the no-op webhook, none next to the

@@ -28,10 +28,13 @@ import (
 
 type config struct {
 	idle, burst, backlog int
+	// leaderLoss is the size of the leader-loss burst; 0 leaves the scenario out.
+	leaderLoss int
 	// templates is how many Metal3DataTemplates the spread burst's claims are divided among.
 	templates int
-	// repeats is how often each mode of a scenario runs; with two, stock and preallocated run in
-	// the order A B B A, so that the spread between a mode's two runs measures the noise.
+	// repeats is how often each mode of a scenario runs, alternating which mode goes first from
+	// one repetition to the next (A B, B A, A B, ...); the spread between the runs of one mode is
+	// the noise reported next to each ratio.
 	repeats int
 	// pause is how long CAPM3's Metal3Data controller stays held after the first claim of a
 	// backlog, in both modes.
@@ -41,17 +44,37 @@ type config struct {
 	only    string
 }
 
+// Default sizes, chosen so that make bench on a fresh clone, tools included (about 8 minutes
+// cold), stays within 20 minutes on 2 shared cores with three repetitions of every mode: a run at
+// about half these sizes took 7.8 minutes at a load average of 9.5, from which these take about
+// 10. bigArgs is the larger run of earlier versions (200 machines per burst), one BENCH_ARGS away;
+// with three repetitions it takes about an hour.
+const (
+	defaultIdle       = 10
+	defaultBurst      = 30
+	defaultBacklog    = 20
+	defaultLeaderLoss = 30
+	defaultRepeats    = 3
+	defaultPause      = 10 * time.Second
+	bigArgs           = "--idle=20 --burst=200 --backlog=200 --backlog-pause=60s --leader-loss=100"
+)
+
 func main() {
 	var c config
-	flag.IntVar(&c.idle, "idle", 20, "Metal3DataClaims created one after another in the idle scenario.")
-	flag.IntVar(&c.burst, "burst", 200, "Metal3DataClaims created at once in the burst scenarios.")
+	flag.IntVar(&c.idle, "idle", defaultIdle, "Metal3DataClaims created one after another in the idle scenario.")
+	flag.IntVar(&c.burst, "burst", defaultBurst, "Metal3DataClaims created at once in the burst scenarios.")
 	flag.IntVar(&c.templates, "templates", 10, "Metal3DataTemplates the claims of the burst-spread scenario are divided among.")
-	flag.IntVar(&c.backlog, "backlog", 200, "Metal3DataClaims created while CAPM3's Metal3Data controller is held, in the backlog scenario.")
-	flag.IntVar(&c.repeats, "repeats", 1, "Runs of each mode per scenario; 2 runs them A B B A and reports the noise.")
-	flag.DurationVar(&c.pause, "backlog-pause", time.Minute, "How long CAPM3's Metal3Data controller stays held after the first claim of the backlog scenario, in both modes.")
+	flag.IntVar(&c.backlog, "backlog", defaultBacklog, "Metal3DataClaims created while CAPM3's Metal3Data controller is held, in the backlog scenario.")
+	flag.IntVar(&c.leaderLoss, "leader-loss", defaultLeaderLoss, "Metal3DataClaims created at once in the leader-loss scenario (two webhook replicas, the leader killed halfway); 0 leaves it out.")
+	flag.IntVar(&c.repeats, "repeats", defaultRepeats, "Runs of each mode per scenario, alternating which mode goes first (A B, B A, A B, ...); at least 2 to measure the noise.")
+	flag.DurationVar(&c.pause, "backlog-pause", defaultPause, "How long CAPM3's Metal3Data controller stays held after the first claim of the backlog scenario, in both modes.")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./bench [flags]\n\nThe default sizes take about 10 minutes on 2 cores; the larger run (about an hour):\n  make bench BENCH_ARGS=%q\n\n", bigArgs)
+		flag.PrintDefaults()
+	}
 	klog.InitFlags(nil)
 	flag.Parse()
 
@@ -81,9 +104,10 @@ type scenario struct {
 	// NoOp adds a run with the webhook registered but admitting every Metal3Data unchanged, to
 	// tell what any webhook costs CAPM3's template loop from what preallocation costs.
 	NoOp bool
-	// Repeats, when above config.repeats, is how often each mode runs: where preallocated and
-	// stock come close, the spread between two runs of one mode tells whether they differ.
-	Repeats int
+	// LeaderLoss runs the webhook as two replicas under leader election behind a load balancer
+	// and kills the leader (SIGKILL) once half of the burst's Metal3Data exist, in both modes
+	// (issue 14); it is restarted half a second later.
+	LeaderLoss bool
 }
 
 var raised = stack.Options{QPS: 1000, Burst: 2000}
@@ -111,25 +135,35 @@ func settings() []setting {
 			CAPM3: raised,
 			IPAM:  raised,
 			Scenarios: []scenario{
-				{Name: "burst-spread", Kind: "burst", Spread: true, Repeats: 2},
-				{Name: "burst", Kind: "burst", NoOp: true, Repeats: 2},
+				{Name: "burst-spread", Kind: "burst", Spread: true},
+				{Name: "burst", Kind: "burst", NoOp: true},
+				{Name: "leader-loss", Kind: "burst", LeaderLoss: true},
 			},
 		},
 	}
 }
 
-// modes returns the order in which a scenario's modes run: stock and preallocated alternate which
-// goes first from one scenario to the next; repeats mirror the order (A B B A) so that a drift in
-// the machine's load cancels out.
-func modes(index, repeats int) []string {
-	order := []string{modeStock, modePreallocated}
+// slot is one run of a scenario: a mode and its repetition.
+type slot struct {
+	mode   string
+	repeat int
+}
+
+// modes returns the order in which a scenario's runs go: stock and preallocated alternate which
+// goes first from one scenario to the next and from one repetition to the next (A B, B A, A B,
+// ...), so that a drift in the machine's load does not favour one mode.
+func modes(index, repeats int) []slot {
+	first, second := modeStock, modePreallocated
 	if index%2 == 1 {
-		order = []string{modePreallocated, modeStock}
+		first, second = second, first
 	}
-	out := order
-	for r := 1; r < repeats; r++ {
-		order = []string{order[1], order[0]}
-		out = append(out, order...)
+	var out []slot
+	for r := range max(1, repeats) {
+		if r%2 == 0 {
+			out = append(out, slot{first, r}, slot{second, r})
+		} else {
+			out = append(out, slot{second, r}, slot{first, r})
+		}
 	}
 	return out
 }
@@ -152,12 +186,17 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	fmt.Fprintf(out, "Logs in %s\n", dir)
 	// One webhook replica, without leader election: on this shared machine its lease renewals
 	// sometimes missed their deadline, and a replica that loses the lease exits, taking the
-	// admission server with it. Its controllers run as on a leader.
-	cp, err := harness.Start(ctx, harness.Options{Webhook: true, AuditLog: true, Dir: dir, WebhookArgs: []string{"--leader-elect=false"}})
+	// admission server with it. Its controllers run as on a leader. The harness starts it with
+	// leader election (the leader-loss scenario's replicas keep it), so it is restarted without.
+	cp, err := harness.Start(ctx, harness.Options{Webhook: true, AuditLog: true, Dir: dir})
 	if err != nil {
 		return nil, err
 	}
 	defer cp.Stop()
+	cp.StopWebhook()
+	if err := cp.StartWebhook(ctx, singleWebhook...); err != nil {
+		return nil, err
+	}
 	if err := cp.StartInClusterIPAM(ctx); err != nil {
 		return nil, err
 	}
@@ -166,6 +205,7 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 		return nil, err
 	}
 	b := &bench{cp: cp, ready: ready, cfg: c, out: out, load: startLoadSampler(ctx)}
+	defer b.stopReplicas()
 
 	report := &Report{Machine: machine(), Started: time.Now().UTC()}
 	if err := b.runScenarios(ctx, report); err != nil {
@@ -178,28 +218,55 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	return report, save(report, root, c.results, out)
 }
 
-// runScenarios runs every selected scenario in every mode, then the no-op webhook runs: they
-// restart the webhook process, so the webhook's footprint is read before.
+// runScenarios runs every selected scenario in every mode, then the leader-loss scenario, then
+// the no-op webhook runs: those two replace the webhook process, so the webhook's footprint is
+// read before.
 func (b *bench) runScenarios(ctx context.Context, report *Report) error {
-	var noop []func() error
+	var later, noop []func() error
 	for _, s := range settings() {
 		for i, sc := range s.Scenarios {
-			if !strings.Contains(s.Name+"/"+sc.Name, b.cfg.only) {
+			if !b.selected(s, sc) {
 				continue
 			}
-			for repeat, mode := range modes(i, max(b.cfg.repeats, sc.Repeats)) {
-				if err := b.runAndRecord(ctx, report, s, sc, mode, repeat/2); err != nil {
-					return err
+			runs := func() error {
+				for _, at := range modes(i, b.cfg.repeats) {
+					if err := b.runAndRecord(ctx, report, s, sc, at.mode, at.repeat); err != nil {
+						return err
+					}
 				}
+				return nil
+			}
+			if sc.LeaderLoss {
+				later = append(later, runs)
+			} else if err := runs(); err != nil {
+				return err
 			}
 			if sc.NoOp {
-				noop = append(noop, func() error { return b.runAndRecord(ctx, report, s, sc, modeNoOp, 0) })
+				noop = append(noop, func() error {
+					for r := range max(1, b.cfg.repeats) {
+						if err := b.runAndRecord(ctx, report, s, sc, modeNoOp, r); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
 			}
 		}
 	}
 	var err error
 	if report.Webhook, err = b.webhookFootprint(); err != nil {
 		return err
+	}
+	if len(later) > 0 {
+		if err := b.startReplicas(ctx); err != nil {
+			return err
+		}
+		for _, r := range later {
+			if err := r(); err != nil {
+				return err
+			}
+		}
+		b.stopReplicas()
 	}
 	if len(noop) > 0 {
 		if err := b.webhookAdmitsUnchanged(ctx); err != nil {
@@ -212,6 +279,14 @@ func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 		}
 	}
 	return nil
+}
+
+// selected tells whether a scenario runs: --only, and a leader-loss size above zero.
+func (b *bench) selected(s setting, sc scenario) bool {
+	if sc.LeaderLoss && b.cfg.leaderLoss <= 0 {
+		return false
+	}
+	return strings.Contains(s.Name+"/"+sc.Name, b.cfg.only)
 }
 
 func (b *bench) runAndRecord(ctx context.Context, report *Report, s setting, sc scenario, mode string, repeat int) error {

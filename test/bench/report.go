@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -12,6 +13,10 @@ import (
 	"strings"
 	"time"
 
+	"gonum.org/v1/gonum/floats"
+	"gonum.org/v1/gonum/stat"
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
 
@@ -20,31 +25,19 @@ type Summary struct {
 	P50, P95, P99, Max, Mean float64
 }
 
-func percentile(sorted []float64, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p*float64(len(sorted)))) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
-}
-
+// summarize takes a distribution's quantiles with gonum's stat.Quantile, Empirical kind: the
+// smallest value at or above the fraction p of the values (nearest rank).
 func summarize(values []float64) Summary {
+	if len(values) == 0 {
+		return Summary{}
+	}
 	sorted := slices.Clone(values)
 	sort.Float64s(sorted)
-	s := Summary{P50: percentile(sorted, .5), P95: percentile(sorted, .95), P99: percentile(sorted, .99)}
-	if len(sorted) > 0 {
-		s.Max, s.Mean = sorted[len(sorted)-1], sum(sorted)/float64(len(sorted))
-	}
-	return s
+	q := func(p float64) float64 { return stat.Quantile(p, stat.Empirical, sorted, nil) }
+	return Summary{P50: q(.5), P95: q(.95), P99: q(.99), Max: sorted[len(sorted)-1], Mean: stat.Mean(sorted, nil)}
 }
 
-func sum(values []float64) float64 {
-	var s float64
-	for _, v := range values {
-		s += v
-	}
-	return s
-}
+func sum(values []float64) float64 { return floats.Sum(values) }
 
 // Run is one mode of one scenario.
 type Run struct {
@@ -85,6 +78,15 @@ type Run struct {
 	Requests map[string]map[string]float64
 	// Load is the machine's mean one-minute load average during the run.
 	Load float64
+	// Causes counts CAPM3's reconciles per Metal3Data by what woke them (see recordCauses).
+	Causes map[string]float64
+	// In the leader-loss scenario: whether a leading replica was killed, when (seconds after the
+	// first claim), and the time to Ready of the AfterKillN Metal3Data created after the kill.
+	LeaderKilled bool    `json:",omitempty"`
+	KilledAt     float64 `json:",omitempty"`
+	AfterKillN   int     `json:",omitempty"`
+	AfterKill    Summary
+	readyAt      map[types.NamespacedName]time.Time
 
 	Ready, Before, Call, Server, Loop Summary
 	// Admission is the median of each part of a preallocating admission, in seconds.
@@ -134,14 +136,124 @@ type Footprint struct {
 	CachedObjects map[string]float64
 }
 
-// Comparison is preallocated over stock for one scenario, from the means of their runs.
+// Ratio is one figure of preallocated over stock: Values has, for each repetition, the figure of
+// preallocated's run over stock's run of the same repetition (where stock's is not zero); Mean,
+// StdDev, Min and Max are taken over them.
+type Ratio struct {
+	Name                   string
+	Values                 []float64
+	Mean, StdDev, Min, Max float64
+}
+
+func newRatio(name string, values []float64) Ratio {
+	r := Ratio{Name: name, Values: values}
+	if len(values) == 0 {
+		return r
+	}
+	r.Mean, r.Min, r.Max = stat.Mean(values, nil), floats.Min(values), floats.Max(values)
+	if len(values) > 1 {
+		r.StdDev = stat.StdDev(values, nil)
+	}
+	return r
+}
+
+// Comparison is preallocated over stock for one scenario.
 type Comparison struct {
-	Setting, Scenario                              string
-	ReadyMean, ReadyP50, ReadyP95, ReadyMax, Total float64
-	ArrivalSpan, ReconcilesMean                    float64
-	// Noise is, with repeated runs, the largest spread between two runs of one mode, relative to
-	// their mean, of the mean time to Ready and of the total.
+	Setting, Scenario string
+	// Repetitions is how many pairs of runs the ratios come from.
+	Repetitions int
+	Ratios      []Ratio
+	// The means of three of the ratios.
+	ReadyMean, Total, ReconcilesMean float64
+	// Noise is the larger, between the two modes, of the range of a figure over the repetitions of
+	// one mode relative to its mean: of the mean time to Ready and of the total.
 	NoiseReadyMean, NoiseTotal float64 `json:",omitempty"`
+}
+
+// Ratio returns the named ratio.
+func (q Comparison) Ratio(name string) Ratio {
+	for _, r := range q.Ratios {
+		if r.Name == name {
+			return r
+		}
+	}
+	return Ratio{Name: name}
+}
+
+// figure is a number of one run that preallocated and stock are compared on.
+type figure struct {
+	name string
+	of   func(*Run) float64
+}
+
+const (
+	ratioReadyMean  = "ready mean"
+	ratioTotal      = "total"
+	ratioReconciles = "CAPM3 reconciles per Metal3Data"
+)
+
+var figures = []figure{
+	{ratioReadyMean, func(r *Run) float64 { return r.Ready.Mean }},
+	{"p50", func(r *Run) float64 { return r.Ready.P50 }},
+	{"p95", func(r *Run) float64 { return r.Ready.P95 }},
+	{"p99", func(r *Run) float64 { return r.Ready.P99 }},
+	{"max", func(r *Run) float64 { return r.Ready.Max }},
+	{ratioTotal, func(r *Run) float64 { return r.Total }},
+	{"last Metal3Data created", func(r *Run) float64 { return r.ArrivalSpan }},
+	{ratioReconciles, func(r *Run) float64 { return r.ReconcilesMean }},
+	{"CAPM3 requeues per Metal3Data", func(r *Run) float64 { return float64(r.Requeues) / float64(max(1, r.N)) }},
+	{"CAPM3 Secret GETs per Metal3Data", func(r *Run) float64 { return r.Requests["capm3"]["get secrets"] }},
+	{"CAPM3 requests per Metal3Data", func(r *Run) float64 { return floats.Sum(slices.Collect(maps.Values(r.Requests["capm3"]))) }},
+	{"ready p50 of those created after the kill", func(r *Run) float64 { return r.AfterKill.P50 }},
+	{"their max", func(r *Run) float64 { return r.AfterKill.Max }},
+}
+
+func compare(stock, pre []*Run) Comparison {
+	byRepeat := func(runs []*Run) map[int]*Run {
+		out := map[int]*Run{}
+		for _, r := range runs {
+			out[r.Repeat] = r
+		}
+		return out
+	}
+	stockRuns, preRuns := byRepeat(stock), byRepeat(pre)
+	q := Comparison{Setting: stock[0].Setting, Scenario: stock[0].Scenario}
+	for _, repeat := range slices.Sorted(maps.Keys(stockRuns)) {
+		if preRuns[repeat] != nil {
+			q.Repetitions++
+		}
+	}
+	for _, f := range figures {
+		var values []float64
+		for _, repeat := range slices.Sorted(maps.Keys(stockRuns)) {
+			s, p := stockRuns[repeat], preRuns[repeat]
+			if p == nil || f.of(s) == 0 {
+				continue
+			}
+			values = append(values, f.of(p)/f.of(s))
+		}
+		if len(values) > 0 {
+			q.Ratios = append(q.Ratios, newRatio(f.name, values))
+		}
+	}
+	q.ReadyMean, q.Total, q.ReconcilesMean = q.Ratio(ratioReadyMean).Mean, q.Ratio(ratioTotal).Mean, q.Ratio(ratioReconciles).Mean
+	readyMean := func(r *Run) float64 { return r.Ready.Mean }
+	total := func(r *Run) float64 { return r.Total }
+	q.NoiseReadyMean = max(spread(stock, readyMean), spread(pre, readyMean))
+	q.NoiseTotal = max(spread(stock, total), spread(pre, total))
+	return q
+}
+
+// spread is the range of f over the runs relative to its mean; zero for a single run.
+func spread(runs []*Run, f func(*Run) float64) float64 {
+	if len(runs) < 2 {
+		return 0
+	}
+	values := make([]float64, len(runs))
+	for i, r := range runs {
+		values[i] = f(r)
+	}
+	return (floats.Max(values) - floats.Min(values)) / stat.Mean(values, nil)
 }
 
 // Report is what make bench writes to bench/results/results.json.
@@ -198,44 +310,6 @@ func (r *Report) finish() {
 	}
 }
 
-func compare(stock, pre []*Run) Comparison {
-	ratio := func(f func(*Run) float64) float64 { return meanOf(pre, f) / meanOf(stock, f) }
-	readyMean := func(r *Run) float64 { return r.Ready.Mean }
-	total := func(r *Run) float64 { return r.Total }
-	return Comparison{
-		Setting: stock[0].Setting, Scenario: stock[0].Scenario,
-		ReadyMean:      ratio(readyMean),
-		ReadyP50:       ratio(func(r *Run) float64 { return r.Ready.P50 }),
-		ReadyP95:       ratio(func(r *Run) float64 { return r.Ready.P95 }),
-		ReadyMax:       ratio(func(r *Run) float64 { return r.Ready.Max }),
-		Total:          ratio(total),
-		ArrivalSpan:    ratio(func(r *Run) float64 { return r.ArrivalSpan }),
-		ReconcilesMean: ratio(func(r *Run) float64 { return r.ReconcilesMean }),
-		NoiseReadyMean: max(spread(stock, readyMean), spread(pre, readyMean)),
-		NoiseTotal:     max(spread(stock, total), spread(pre, total)),
-	}
-}
-
-func meanOf(runs []*Run, f func(*Run) float64) float64 {
-	var s float64
-	for _, r := range runs {
-		s += f(r)
-	}
-	return s / float64(len(runs))
-}
-
-// spread is the range of f over the runs relative to its mean; zero for a single run.
-func spread(runs []*Run, f func(*Run) float64) float64 {
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, r := range runs {
-		lo, hi = math.Min(lo, f(r)), math.Max(hi, f(r))
-	}
-	if len(runs) < 2 {
-		return 0
-	}
-	return (hi - lo) / meanOf(runs, f)
-}
-
 func printRun(out io.Writer, r *Run) {
 	ready := summarize(r.TimeToReady)
 	fmt.Fprintf(out, "  %-15s %-13s %-13s #%d ready p50 %6.2fs p95 %6.2fs max %6.2fs total %6.2fs, last Metal3Data after %6.2fs\n",
@@ -261,7 +335,9 @@ func printReport(out io.Writer, r *Report) {
 			run.Requeues, run.FirstReconcileSawWaitingClaim, run.ClaimsByCAPM3, run.Load)
 	}
 	printLoop(out, r)
+	printLeaderLoss(out, r)
 	printComparisons(out, r)
+	printCauses(out, r)
 	printRequests(out, r)
 	fmt.Fprintf(out, "\nLoad average (1 min) during the benchmark: min %.1f, mean %.1f, max %.1f (%d samples)\n", r.Load.Min, r.Load.Mean, r.Load.Max, r.Load.Samples)
 	if f := r.Webhook; f != nil {
@@ -284,17 +360,119 @@ func printLoop(out io.Writer, r *Report) {
 }
 
 func printComparisons(out io.Writer, r *Report) {
-	fmt.Fprintln(out, "\n| setting | scenario | ready mean | p50 | p95 | max | total | last Metal3Data created | CAPM3 reconciles | noise: mean time to Ready | noise: total |")
-	fmt.Fprintln(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	for _, q := range r.Comparisons {
-		noise := func(v float64) string {
-			if v == 0 {
-				return "–"
+	fmt.Fprintln(out, "\nPreallocated over stock: each repetition's preallocated run over its stock run; mean ±standard deviation (min–max) over the repetitions. Noise: the larger, between the modes, of the range of one mode's runs relative to their mean.")
+	var names []string
+	for _, f := range figures {
+		for _, q := range r.Comparisons {
+			if len(q.Ratio(f.name).Values) > 0 {
+				names = append(names, f.name)
+				break
 			}
-			return fmt.Sprintf("±%.0f%%", 100*v)
 		}
-		fmt.Fprintf(out, "| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s |\n", q.Setting, q.Scenario,
-			q.ReadyMean, q.ReadyP50, q.ReadyP95, q.ReadyMax, q.Total, q.ArrivalSpan, q.ReconcilesMean, noise(q.NoiseReadyMean), noise(q.NoiseTotal))
+	}
+	fmt.Fprintf(out, "\n| setting | scenario | repetitions | %s | noise: mean time to Ready | noise: total |\n", strings.Join(names, " | "))
+	fmt.Fprintf(out, "|---|---|---:|%s---:|---:|\n", strings.Repeat("---:|", len(names)))
+	noise := func(v float64) string {
+		if v == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("±%.0f%%", 100*v)
+	}
+	for _, q := range r.Comparisons {
+		cells := make([]string, len(names))
+		for i, name := range names {
+			ratio := q.Ratio(name)
+			switch len(ratio.Values) {
+			case 0:
+				cells[i] = "–"
+			case 1:
+				cells[i] = fmt.Sprintf("%.2f", ratio.Mean)
+			default:
+				cells[i] = fmt.Sprintf("%.2f ±%.2f (%.2f–%.2f)", ratio.Mean, ratio.StdDev, ratio.Min, ratio.Max)
+			}
+		}
+		fmt.Fprintf(out, "| %s | %s | %d | %s | %s | %s |\n", q.Setting, q.Scenario, q.Repetitions, strings.Join(cells, " | "),
+			noise(q.NoiseReadyMean), noise(q.NoiseTotal))
+	}
+}
+
+// printCauses prints, for each scenario, CAPM3's reconciles per Metal3Data by what woke them,
+// in each mode (means over the repetitions).
+func printCauses(out io.Writer, r *Report) {
+	fmt.Fprintf(out, "\nWhat woke CAPM3's Metal3Data reconciles. %s\n", causeMethod)
+	var order []string
+	byKey := map[string]map[string][]*Run{}
+	for _, run := range r.Runs {
+		key := run.Setting + " / " + run.Scenario
+		if byKey[key] == nil {
+			byKey[key] = map[string][]*Run{}
+			order = append(order, key)
+		}
+		byKey[key][run.Mode] = append(byKey[key][run.Mode], run)
+	}
+	for _, key := range order {
+		var ms []string
+		for _, m := range []string{modeStock, modePreallocated, modeNoOp} {
+			if len(byKey[key][m]) > 0 {
+				ms = append(ms, m)
+			}
+		}
+		mean := map[string]map[string]float64{}
+		weight := map[string]float64{}
+		for _, m := range ms {
+			mean[m] = map[string]float64{}
+			for _, run := range byKey[key][m] {
+				for cause, v := range run.Causes {
+					mean[m][cause] += v / float64(len(byKey[key][m]))
+					weight[cause] += v / float64(len(byKey[key][m]))
+				}
+			}
+		}
+		causes := slices.SortedFunc(maps.Keys(weight), func(a, b string) int {
+			if weight[a] != weight[b] {
+				return cmp.Compare(weight[b], weight[a])
+			}
+			return strings.Compare(a, b)
+		})
+		fmt.Fprintf(out, "\n**%s**\n\n| woken by | %s |\n|---|%s\n", key, strings.Join(ms, " | "), strings.Repeat("---:|", len(ms)))
+		totals := make([]float64, len(ms))
+		for _, cause := range causes {
+			cells := make([]string, len(ms))
+			for i, m := range ms {
+				cells[i] = fmt.Sprintf("%.2f", mean[m][cause])
+				totals[i] += mean[m][cause]
+			}
+			fmt.Fprintf(out, "| %s | %s |\n", cause, strings.Join(cells, " | "))
+		}
+		cells := make([]string, len(ms))
+		for i := range ms {
+			cells[i] = fmt.Sprintf("%.2f", totals[i])
+		}
+		fmt.Fprintf(out, "| **all reconciles** | %s |\n", strings.Join(cells, " | "))
+	}
+}
+
+// printLeaderLoss prints, for each leader-loss run, when the leader was killed and how the
+// Metal3Data created after the kill fared.
+func printLeaderLoss(out io.Writer, r *Report) {
+	header := false
+	for _, run := range r.Runs {
+		if run.Scenario != "leader-loss" {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(out, "\nLeader loss: two webhook replicas under leader election, the leader killed (SIGKILL) once half of the Metal3Data exist and started again 0.5 s later, in both modes (in stock the webhook is not called).")
+			fmt.Fprintln(out, "\n| setting | scenario | mode | run | n | leader killed | killed after (s) | created after the kill | their ready p50 (s) | p95 | max | all: ready p50 (s) | max | total |")
+			fmt.Fprintln(out, "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+			header = true
+		}
+		killed := "no leader found"
+		if run.LeaderKilled {
+			killed = "yes"
+		}
+		fmt.Fprintf(out, "| %s | %s | %s | %d | %d | %s | %.2f | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f |\n", run.Setting, run.Scenario, run.Mode,
+			run.Repeat+1, run.N, killed, run.KilledAt, run.AfterKillN, run.AfterKill.P50, run.AfterKill.P95, run.AfterKill.Max,
+			run.Ready.P50, run.Ready.Max, run.Total)
 	}
 }
 

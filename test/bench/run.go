@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -31,7 +32,11 @@ const (
 )
 
 type bench struct {
-	cp     *harness.ControlPlane
+	cp *harness.ControlPlane
+	// replicas, while the leader-loss scenario runs, are the webhook's two replicas in place of
+	// the single process; stopSupervising ends their supervision.
+	replicas        *harness.Replicas
+	stopSupervising context.CancelFunc
 	ready  *stack.Readiness
 	cfg    config
 	out    io.Writer
@@ -197,7 +202,101 @@ func (b *bench) setWebhook(ctx context.Context, mode string) error {
 // certificate and registration as when it preallocates.
 func (b *bench) webhookAdmitsUnchanged(ctx context.Context) error {
 	b.cp.StopWebhook()
-	return b.cp.StartWebhook(ctx, "--preallocate-for-requesters=system:serviceaccount:nobody:nobody")
+	return b.cp.StartWebhook(ctx, append(singleWebhook, "--preallocate-for-requesters=system:serviceaccount:nobody:nobody")...)
+}
+
+// singleWebhook are the flags of the single webhook process: no leader election (see run).
+var singleWebhook = []string{"--leader-elect=false"}
+
+// startReplicas replaces the single webhook process by two replicas under leader election behind
+// a load balancer on the address the webhook configuration names, as a Deployment of two runs
+// them; a replica that exits on its own (a lost lease) is restarted after a second, as the
+// kubelet would.
+func (b *bench) startReplicas(ctx context.Context) error {
+	b.cp.StopWebhook()
+	rs, err := b.cp.StartReplicas(ctx, 2)
+	if err != nil {
+		return err
+	}
+	supervise, cancel := context.WithCancel(ctx)
+	rs.Supervise(supervise, time.Second)
+	b.replicas, b.stopSupervising = rs, cancel
+	return nil
+}
+
+func (b *bench) stopReplicas() {
+	if b.replicas == nil {
+		return
+	}
+	b.stopSupervising()
+	b.replicas.Stop()
+	b.replicas = nil
+}
+
+// replicasSettled restarts a replica that is down, waits until both are ready and one leads.
+func (b *bench) replicasSettled(ctx context.Context) error {
+	rs := b.replicas
+	for i := range rs.Len() {
+		if !rs.Running(i) {
+			if err := rs.Restart(i); err != nil {
+				return err
+			}
+		}
+	}
+	for i := range rs.Len() {
+		if err := rs.WaitReady(ctx, i, 90*time.Second); err != nil {
+			return err
+		}
+	}
+	// After a SIGKILL the lease is taken over once it expires (15 s).
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		if _, ok := rs.Leader(); ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("no webhook replica leads after 60 s")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// killLeader waits until half of the run's Metal3Data exist, then kills the leading replica
+// (SIGKILL) and starts it again half a second later, as issue 14 did by hand. It returns when
+// the kill was, and whether a leader was found to kill (after 5 s without one, none is killed).
+func (b *bench) killLeader(ctx context.Context, capm3 *stack.CAPM3, ns string, n int) (time.Time, bool, error) {
+	for {
+		created := 0
+		for _, a := range capm3.Arrivals.In(ns) {
+			if a.Created {
+				created++
+			}
+		}
+		if 2*created >= n {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}, false, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	rs := b.replicas
+	leader, ok := rs.Leader()
+	for wait := time.Now().Add(5 * time.Second); !ok && time.Now().Before(wait); {
+		time.Sleep(100 * time.Millisecond)
+		leader, ok = rs.Leader()
+	}
+	if !ok {
+		return time.Now(), false, nil
+	}
+	rs.Kill(leader)
+	killed := time.Now()
+	time.Sleep(500 * time.Millisecond)
+	return killed, true, rs.Restart(leader)
 }
 
 // controllers starts the run's IPAM and CAPM3, each watching only the run's namespace (their
@@ -232,6 +331,12 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	templates := 1
 	if sc.Spread {
 		templates = b.cfg.templates
+	}
+	if sc.LeaderLoss {
+		n = b.cfg.leaderLoss
+		if err := b.replicasSettled(ctx); err != nil {
+			return nil, err
+		}
 	}
 	ns := fmt.Sprintf("%s-%s-%s-%d", s.Name, sc.Name, mode, repeat)
 	fmt.Fprintf(b.out, "%s: %d machines, %d template(s)\n", ns, n, templates)
@@ -269,6 +374,13 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	if err != nil {
 		return nil, err
 	}
+	var killed time.Time
+	if sc.LeaderLoss {
+		if killed, run.LeaderKilled, err = b.killLeader(ctx, capm3, ns, n); err != nil {
+			return nil, err
+		}
+		run.KilledAt = killed.Sub(origin(claims, -1)).Seconds()
+	}
 	if err := b.waitReady(ctx, capm3, ms); err != nil {
 		return nil, err
 	}
@@ -297,6 +409,9 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	run.WebhookClaimCreation = spent.claims.mean()
 	run.Load = b.load.meanSince(loadFrom)
 	b.record(run, ms, claims, capm3, events)
+	if sc.LeaderLoss {
+		recordAfterKill(run, ms, claims, capm3, killed)
+	}
 	return run, nil
 }
 
