@@ -38,8 +38,9 @@ func main() {
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if _, err := run(ctx, o, os.Stdout); err != nil {
+	_, err := run(ctx, o, os.Stdout)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -82,12 +83,12 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer ipam.Stop()
+	defer func() { _ = ipam.Stop() }()
 	capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{Templates: true})
 	if err != nil {
 		return nil, err
 	}
-	defer capm3.Stop()
+	defer func() { _ = capm3.Stop() }()
 	if err := capm3.WarmUp(ctx); err != nil {
 		return nil, err
 	}

@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 	if code != 0 {
 		fmt.Fprintln(os.Stderr, "webhook log:", cp.WebhookLog())
 		if log, err := os.ReadFile(cp.WebhookLog()); err == nil {
-			os.Stderr.Write(log[max(0, len(log)-8000):])
+			_, _ = os.Stderr.Write(log[max(0, len(log)-8000):])
 		}
 	}
 	cp.Stop()

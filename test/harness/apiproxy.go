@@ -104,7 +104,7 @@ func (cp *ControlPlane) StartFaultProxy(name, upstreamKubeconfig string, seed ui
 		// Aborted watches and injected resets are expected here, not news.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
-	p.srv = &http.Server{ //nolint:gosec // loopback test server.
+	p.srv = &http.Server{
 		Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, proxy) }),
 		ErrorLog: log.New(io.Discard, "", 0),
 	}

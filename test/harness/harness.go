@@ -83,14 +83,13 @@ type ControlPlane struct {
 	// Rendered is config/default as kustomize renders it.
 	Rendered []*unstructured.Unstructured
 
-	opts               Options
-	webhook            *Process
-	webhookKubeconfig  string
-	healthAddr         string
-	metricsAddr        string
-	controllerManager  *Process
-	inClusterIPAM      *Process
-	validatingWebhooks []*admissionv1.ValidatingWebhookConfiguration
+	opts              Options
+	webhook           *Process
+	webhookKubeconfig string
+	healthAddr        string
+	metricsAddr       string
+	controllerManager *Process
+	inClusterIPAM     *Process
 	// Replicas are the webhook processes when Options.WebhookReplicas is set.
 	Replicas *Replicas
 }

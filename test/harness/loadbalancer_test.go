@@ -17,6 +17,7 @@ type backendFixture struct {
 }
 
 func newBackend(t *testing.T, name string) *backendFixture {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +51,7 @@ func (b *backendFixture) kill() {
 }
 
 func ask(t *testing.T, addr string) string {
+	t.Helper()
 	conn, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		t.Fatal(err)

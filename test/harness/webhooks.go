@@ -50,7 +50,7 @@ func (cp *ControlPlane) serveAdmission(ctx context.Context, handler admission.Ha
 	if err != nil {
 		return "", err
 	}
-	srv := &http.Server{Handler: &admission.Webhook{Handler: handler}} //nolint:gosec // loopback test server.
+	srv := &http.Server{Handler: &admission.Webhook{Handler: handler}}
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			fmt.Println("admission server:", err)

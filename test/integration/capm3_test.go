@@ -314,7 +314,7 @@ func TestRealControllers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ipam.Stop()
+	defer func() { _ = ipam.Stop() }()
 
 	for i, bmhNameBased := range []bool{false, true} {
 		t.Run(map[bool]string{false: "metal3data-names", true: "bmh-names"}[bmhNameBased], func(t *testing.T) {
@@ -328,7 +328,7 @@ func TestRealControllers(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer capm3.Stop()
+			defer func() { _ = capm3.Stop() }()
 
 			cp.StopWebhook()
 			stock.createIdle(t)
@@ -360,7 +360,8 @@ func TestRealControllers(t *testing.T) {
 
 			stockClaims, preClaims := stock.claims(t, bmhNameBased), prealloc.claims(t, bmhNameBased)
 			for key, want := range stockClaims {
-				m, _ := strconv.Atoi(key[:strings.Index(key, "/")])
+				index, _, _ := strings.Cut(key, "/")
+				m, _ := strconv.Atoi(index)
 				if _, ok := want.(*capipamv1.IPAddressClaim); ok && bmhNameBased {
 					// CAPM3 shares one label map between a Metal3Data and its claims: an
 					// IPAddressClaim it creates carries the data and pool labels of whichever Metal3
