@@ -50,6 +50,7 @@ type options struct {
 	bmhNameBased     bool
 	admissionTimeout time.Duration
 	claimTimeout     time.Duration
+	claimSendWait    time.Duration
 	releaseGrace     time.Duration
 	handOverDelay    time.Duration
 	requesters       []string
@@ -76,7 +77,9 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.admissionTimeout, "admission-timeout", 3*time.Second,
 		"How long one admission may take, from the request's start; the API server's own timeout for the call, when shorter, bounds it too.")
 	fs.DurationVar(&o.claimTimeout, "claim-creation-timeout", 10*time.Second,
-		"How long creating the claims of one admitted Metal3Data may take, retries included; they are created once the admission is answered.")
+		"How long creating the claims of one admitted Metal3Data may take, retries included; admission waits only until their create requests are sent.")
+	fs.DurationVar(&o.claimSendWait, "claim-send-wait", 100*time.Millisecond,
+		"How long admission waits for its claims' create requests to be sent (the client's rate limit may hold them) before it answers anyway.")
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
@@ -189,6 +192,7 @@ func run(ctx context.Context, o options) error {
 			APIReader: mgr.GetAPIReader(),
 		},
 		CreateTimeout: o.claimTimeout,
+		SendWait:      o.claimSendWait,
 	}
 	if err := mgr.Add(admissions); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptrace"
 	"sync"
 	"syscall"
 	"time"
@@ -58,27 +59,36 @@ type Creator struct {
 
 // Create makes sure every planned claim of the Metal3Data named dataName exists, concurrently,
 // claimed by the admission token, and stops waiting when ctx ends. It runs after the admission is
-// answered, so it may meet a claim CAPM3 created meanwhile: that one is foreign. A claim that already exists
-// under one of the names CAPM3 looks for is never modified, unless it waits for this name with
-// the planned spec: then only its AdmissionAnnotation changes.
-func (c *Creator) Create(ctx context.Context, dataName, token string, claims []Claim) []Result {
+// answered, so it may meet a claim CAPM3 created meanwhile: that one is foreign. sent, when not
+// nil, is called once per claim as soon as its create request is on the wire to the API server,
+// or its handling ended without one.
+// A claim that already exists under one of the names CAPM3 looks for is never modified, unless it
+// waits for this name with the planned spec: then only its AdmissionAnnotation changes.
+func (c *Creator) Create(ctx context.Context, dataName, token string, claims []Claim, sent func()) []Result {
 	results := make([]Result, len(claims))
 	var wg sync.WaitGroup
 	for i := range claims {
 		wg.Go(func() {
+			var once sync.Once
+			notify := func() {
+				if sent != nil {
+					once.Do(sent)
+				}
+			}
+			defer notify()
 			defer func() {
 				if r := recover(); r != nil {
 					results[i] = Result{Claim: claims[i], Name: claims[i].Object.GetName(), Outcome: Failed, Err: fmt.Errorf("panic: %v", r)}
 				}
 			}()
-			results[i] = c.create(ctx, dataName, token, claims[i])
+			results[i] = c.create(ctx, dataName, token, claims[i], notify)
 		})
 	}
 	wg.Wait()
 	return results
 }
 
-func (c *Creator) create(ctx context.Context, dataName, token string, claim Claim) Result {
+func (c *Creator) create(ctx context.Context, dataName, token string, claim Claim, sent func()) Result {
 	existing, err := lookup(ctx, c.Cache, claim)
 	if err != nil {
 		return Result{Claim: claim, Name: claim.Object.GetName(), Outcome: Failed, Err: err}
@@ -88,10 +98,15 @@ func (c *Creator) create(ctx context.Context, dataName, token string, claim Clai
 	}
 
 	obj := claim.Preallocated(token)
+	onWire := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(info httptrace.WroteRequestInfo) {
+		if info.Err == nil {
+			sent()
+		}
+	}})
 	// A throttled or failing API server is retried within the creation's deadline: every claim
 	// left to CAPM3 costs the head start.
 	err = withRetries(ctx, isTransient, func() error {
-		return c.Client.Create(ctx, obj.DeepCopyObject().(client.Object))
+		return c.Client.Create(onWire, obj.DeepCopyObject().(client.Object))
 	})
 	if err == nil {
 		return Result{Claim: claim, Name: obj.GetName(), Outcome: Created}

@@ -107,7 +107,7 @@ func TestCreate(t *testing.T) {
 			for _, obj := range tc.existing {
 				before[obj.GetName()] = obj.GetResourceVersion()
 			}
-			results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", "this-admission", plannedClaims())
+			results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", "this-admission", plannedClaims(), nil)
 			got := outcomes(results)
 			if len(got) != len(tc.want) {
 				t.Fatalf("outcomes = %v, want %v", got, tc.want)
@@ -153,7 +153,7 @@ func TestCreateRaceWithStaleCache(t *testing.T) {
 		waitingIPClaim("tmpl-0-a", "a", "tmpl-0"),
 		existingIPClaim("tmpl-0-b", nil, metav1.OwnerReference{Kind: "Metal3Data", Name: "tmpl-0", UID: "old"}))
 	staleCache := fakeClient(nil)
-	results := (&Creator{Client: live, Cache: staleCache, APIReader: live}).Create(context.Background(), "tmpl-0", "this-admission", plannedClaims()[:2])
+	results := (&Creator{Client: live, Cache: staleCache, APIReader: live}).Create(context.Background(), "tmpl-0", "this-admission", plannedClaims()[:2], nil)
 	got := outcomes(results)
 	if got["tmpl-0-a"] != Reused || got["tmpl-0-b"] != Foreign {
 		t.Fatalf("outcomes = %v", got)
@@ -173,7 +173,7 @@ func TestCreateIsConcurrent(t *testing.T) {
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, r := range (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", claims) {
+	for _, r := range (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", claims, nil) {
 		if r.Outcome != Created {
 			t.Errorf("%s: %s %v", r.Name, r.Outcome, r.Err)
 		}
@@ -190,7 +190,7 @@ func TestCreateStopsAtDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", plannedClaims())
+	results := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", plannedClaims(), nil)
 	if elapsed := time.Since(start); elapsed > 2*time.Second {
 		t.Errorf("Create took %v", elapsed)
 	}
@@ -203,7 +203,7 @@ func TestCreateStopsAtDeadline(t *testing.T) {
 
 func TestForeignErrorNamesTheClaim(t *testing.T) {
 	c := fakeClient(nil, existingIPClaim("tmpl-0-a", nil))
-	r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", "this-admission", plannedClaims()[:1])[0]
+	r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(context.Background(), "tmpl-0", "this-admission", plannedClaims()[:1], nil)[0]
 	if r.Outcome != Foreign || !strings.Contains(r.Err.Error(), "IPClaim ns/tmpl-0-a exists") {
 		t.Fatalf("%s: %v", r.Outcome, r.Err)
 	}
@@ -233,7 +233,7 @@ func TestCreateRetriesTransientErrors(t *testing.T) {
 			}})
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", plannedClaims()[:1])[0]
+			r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", plannedClaims()[:1], nil)[0]
 			if r.Outcome != tc.want {
 				t.Fatalf("%s: %v", r.Outcome, r.Err)
 			}

@@ -32,6 +32,9 @@ type Admissions struct {
 	Creator *allocation.Creator
 	// CreateTimeout bounds the creation of one admission's claims, retries included.
 	CreateTimeout time.Duration
+	// SendWait bounds how long an admission waits for its claims' create requests to be sent
+	// (the client's rate limiter may hold them).
+	SendWait time.Duration
 
 	mu       sync.Mutex
 	pending  map[types.NamespacedName]*admitted
@@ -77,8 +80,11 @@ func (a *Admissions) Start(ctx context.Context) error {
 func (a *Admissions) NeedLeaderElection() bool { return false }
 
 // Admitted records this replica's admission of the Metal3Data key: claims it recorded under the
-// admission token, created now in the background, and a warning for the operator.
-func (a *Admissions) Admitted(key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
+// admission token, created now in the background, and a warning for the operator. It returns as
+// soon as every claim's create request is on the wire to the API server, or SendWait or ctx
+// ends: the API server then stores the claims before CAPM3 can have reconciled the Metal3Data,
+// which it stores only after the answer, and admission waits for no write.
+func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
 	a.init()
 	a.mu.Lock()
 	now := time.Now()
@@ -89,12 +95,27 @@ func (a *Admissions) Admitted(key types.NamespacedName, token string, claims []a
 	}
 	a.pending[key] = &admitted{token: token, warning: warning, at: now, creating: len(claims) > 0}
 	a.mu.Unlock()
-	if len(claims) > 0 {
-		a.running.Go(func() { a.create(key, token, claims) })
+	if len(claims) == 0 {
+		return
+	}
+	var onWire sync.WaitGroup
+	onWire.Add(len(claims))
+	sent := make(chan struct{})
+	go func() {
+		onWire.Wait()
+		close(sent)
+	}()
+	a.running.Go(func() { a.create(key, token, claims, onWire.Done) })
+	wait := time.NewTimer(a.SendWait)
+	defer wait.Stop()
+	select {
+	case <-sent:
+	case <-wait.C:
+	case <-ctx.Done():
 	}
 }
 
-func (a *Admissions) create(key types.NamespacedName, token string, claims []allocation.Claim) {
+func (a *Admissions) create(key types.NamespacedName, token string, claims []allocation.Claim, sent func()) {
 	logger := klog.Background().WithValues("Metal3Data", klog.KRef(key.Namespace, key.Name))
 	ctx, cancel := context.WithTimeout(context.Background(), a.CreateTimeout)
 	defer cancel()
@@ -106,7 +127,7 @@ func (a *Admissions) create(key types.NamespacedName, token string, claims []all
 			}
 		}()
 		start := time.Now()
-		results = a.Creator.Create(ctx, key.Name, token, claims)
+		results = a.Creator.Create(ctx, key.Name, token, claims, sent)
 		claimCreationSeconds.Observe(time.Since(start).Seconds())
 	}()
 	var (

@@ -30,7 +30,7 @@ func planned() []allocation.Claim {
 }
 
 func newAdmissions(c client.Client) *Admissions {
-	return &Admissions{TTL: time.Minute, CreateTimeout: 5 * time.Second,
+	return &Admissions{TTL: time.Minute, CreateTimeout: 5 * time.Second, SendWait: 100 * time.Millisecond,
 		Creator: &allocation.Creator{Client: c, Cache: c, APIReader: c}}
 }
 
@@ -61,7 +61,7 @@ func TestAdmittedCreatesAfterTheAnswer(t *testing.T) {
 
 	returned := make(chan struct{})
 	go func() {
-		a.Admitted(dataKey, "t1", planned(), "")
+		a.Admitted(context.Background(), dataKey, "t1", planned(), "")
 		close(returned)
 	}()
 	select {
@@ -110,7 +110,7 @@ func TestCreationFailureIsAWarningEvent(t *testing.T) {
 	a := newAdmissions(c)
 	recorder := events.NewFakeRecorder(10)
 	h := &HandOver{Client: c, Recorder: recorder, Admissions: a}
-	a.Admitted(dataKey, "t1", planned(), "")
+	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
 	created(t, a)
 	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func TestClaimCAPM3CreatedFirstIsLeftAlone(t *testing.T) {
 	capm3s.OwnerReferences = []metav1.OwnerReference{allocation.OwnerReference(metal3Data("", ""))}
 	c := newClient(interceptor.Funcs{}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), capm3s)
 	a := newAdmissions(c)
-	a.Admitted(dataKey, "t1", planned(), "")
+	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
 	created(t, a)
 	refs, _ := a.Claims(dataKey, "t1")
 	if allocation.FormatClaims(refs) != "IPClaim/tmpl-0-a" {
@@ -164,7 +164,7 @@ func TestShutdownWaitsForCreations(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error)
 	go func() { stopped <- a.Start(ctx) }()
-	a.Admitted(dataKey, "t1", planned(), "")
+	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
 	cancel()
 	select {
 	case err := <-stopped:

@@ -119,7 +119,7 @@ func TestWarningEvent(t *testing.T) {
 	c := newClient(interceptor.Funcs{}, metal3Data("", ""))
 	recorder := events.NewFakeRecorder(10)
 	h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
-	h.Admissions.Admitted(dataKey, "", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout")
+	h.Admissions.Admitted(context.Background(), dataKey, "", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout")
 	if !h.Admissions.Pending(dataKey, nil) {
 		t.Fatal("a warning is not pending")
 	}

@@ -26,8 +26,8 @@ func newPreallocator(c client.Client, bmhNameBased bool) *Preallocator {
 		Decoder:      admission.NewDecoder(fixtures.Scheme()),
 		BMHNameBased: bmhNameBased,
 		Timeout:      time.Second,
-		OnAdmitted: func(key types.NamespacedName, token string, claims []allocation.Claim, _ string) {
-			creator.Create(context.Background(), key.Name, token, claims)
+		OnAdmitted: func(_ context.Context, key types.NamespacedName, token string, claims []allocation.Claim, _ string) {
+			creator.Create(context.Background(), key.Name, token, claims, nil)
 		},
 	}
 }

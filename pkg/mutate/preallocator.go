@@ -87,9 +87,10 @@ type Preallocator struct {
 	// service account CAPM3 runs as): nobody else can make the webhook reserve addresses.
 	Requesters []string
 	// OnAdmitted is told of every admission, dry runs aside, that recorded claims on its
-	// Metal3Data (token and the claims to create) or has a warning for the operator. It must not
-	// block: the template controller of CAPM3 creates Metal3Data one after another.
-	OnAdmitted func(key types.NamespacedName, token string, claims []allocation.Claim, warning string)
+	// Metal3Data (token and the claims to create) or has a warning for the operator, before the
+	// answer. It may wait until the creates are sent, never for a write: CAPM3's template
+	// controller creates Metal3Data one after another.
+	OnAdmitted func(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim, warning string)
 }
 
 var _ admission.Handler = &Preallocator{}
@@ -155,7 +156,7 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	}
 	if len(recorded) == 0 {
 		admissionsTotal.WithLabelValues("failed", "").Inc()
-		p.admitted(data, "", nil, warnings...)
+		p.admitted(ctx, data, "", nil, warnings...)
 		return admission.Allowed("").WithWarnings(warnings...)
 	}
 	record := map[string]string{allocation.ClaimsAnnotation: allocation.FormatClaims(refs), allocation.AdmissionAnnotation: token}
@@ -168,7 +169,7 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	}
 	admissionsTotal.WithLabelValues(outcome, "").Inc()
 	logger.V(2).Info("Recorded IP claims to create ahead of CAPM3", "count", len(recorded))
-	p.admitted(data, token, recorded, warnings...)
+	p.admitted(ctx, data, token, recorded, warnings...)
 	return admission.Patched("", recordPatch(data.Annotations, record)...).WithWarnings(warnings...)
 }
 
@@ -206,15 +207,15 @@ func (p *Preallocator) skipped(ctx context.Context, data *infrav1.Metal3Data, s 
 	resp := admission.Allowed("")
 	if s.reason == ReasonInvalidReferences || s.reason == ReasonReadFailed {
 		warning := "ip-preallocator: IP claims not preallocated (CAPM3 will create them): " + s.msg
-		p.admitted(data, "", nil, warning)
+		p.admitted(ctx, data, "", nil, warning)
 		resp = resp.WithWarnings(warning)
 	}
 	return resp
 }
 
-func (p *Preallocator) admitted(data *infrav1.Metal3Data, token string, claims []allocation.Claim, warnings ...string) {
+func (p *Preallocator) admitted(ctx context.Context, data *infrav1.Metal3Data, token string, claims []allocation.Claim, warnings ...string) {
 	if p.OnAdmitted != nil && data.Name != "" {
-		p.OnAdmitted(types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, claims, strings.Join(warnings, "; "))
+		p.OnAdmitted(ctx, types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, claims, strings.Join(warnings, "; "))
 	}
 }
 

@@ -226,7 +226,9 @@ func TestForeignClaimIsLeftToCAPM3(t *testing.T) {
 	c := fixtures.NewClient(append(m.Objects(), foreignClaim(t, m, "pool-capi")), nil)
 	var admitted []allocation.Claim
 	p := newPreallocator(c, false)
-	p.OnAdmitted = func(_ types.NamespacedName, _ string, claims []allocation.Claim, _ string) { admitted = claims }
+	p.OnAdmitted = func(_ context.Context, _ types.NamespacedName, _ string, claims []allocation.Claim, _ string) {
+		admitted = claims
+	}
 	req := fixtures.CreateRequest(t, m.Data, false)
 	resp := p.Handle(context.Background(), req)
 	if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "IPAddressClaim tmpl-3-pool-capi left to CAPM3") {
@@ -265,7 +267,9 @@ func TestAdmissionWritesNothing(t *testing.T) {
 	})
 	p := newPreallocator(c, false)
 	var admitted []allocation.Claim
-	p.OnAdmitted = func(_ types.NamespacedName, _ string, claims []allocation.Claim, _ string) { admitted = claims }
+	p.OnAdmitted = func(_ context.Context, _ types.NamespacedName, _ string, claims []allocation.Claim, _ string) {
+		admitted = claims
+	}
 	resp := p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
 	if !resp.Allowed || len(resp.Patches) == 0 || writes != 0 || len(admitted) != len(fixtures.AllPools) {
 		t.Fatalf("allowed=%v patches=%d writes=%d claims to create=%d", resp.Allowed, len(resp.Patches), writes, len(admitted))
@@ -359,7 +363,7 @@ func TestOnAdmitted(t *testing.T) {
 	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
 	p := newPreallocator(fixtures.NewClient(append(m.Objects(), foreignClaim(t, m, "pool-capi")), nil), false)
 	var got []string
-	p.OnAdmitted = func(key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
+	p.OnAdmitted = func(_ context.Context, key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
 		got = append(got, fmt.Sprintf("%s token=%s claims=%d warned=%v", key, token, len(claims), strings.Contains(warning, "left to CAPM3")))
 	}
 	p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
