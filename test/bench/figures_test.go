@@ -15,7 +15,9 @@ import (
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
 
-func auditUser(name string) authenticationv1.UserInfo { return authenticationv1.UserInfo{Username: name} }
+func auditUser(name string) authenticationv1.UserInfo {
+	return authenticationv1.UserInfo{Username: name}
+}
 
 // The figures below need no control plane: they check how the report turns runs into ratios,
 // noise and reconcile causes.
@@ -58,7 +60,8 @@ func TestCompareRatiosAndNoise(t *testing.T) {
 		}
 	}
 	mean := (1.1 + 1 + 1.25) / 3
-	sd := math.Sqrt((math.Pow(1.1-mean, 2) + math.Pow(1-mean, 2) + math.Pow(1.25-mean, 2)) / 2)
+	sq := func(x float64) float64 { return x * x }
+	sd := math.Sqrt((sq(1.1-mean) + sq(1-mean) + sq(1.25-mean)) / 2)
 	if math.Abs(total.Mean-mean) > 1e-9 || math.Abs(total.StdDev-sd) > 1e-9 || total.Min != 1 || total.Max != 1.25 {
 		t.Errorf("total ratio %+v, want mean %.4f sd %.4f min 1 max 1.25", total, mean, sd)
 	}

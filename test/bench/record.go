@@ -316,7 +316,7 @@ func recordCauses(run *Run, keys []types.NamespacedName, stats func(types.Namesp
 			}
 			if cause == "" {
 				cause = causeUnexplained
-				if k > 0 && k-1 < len(st.History) && requeued(st.History[k-1]) {
+				if k > 0 && k <= len(st.History) && requeued(st.History[k-1]) {
 					cause = causeRequeue
 				}
 			}

@@ -37,12 +37,12 @@ type bench struct {
 	// the single process; stopSupervising ends their supervision.
 	replicas        *harness.Replicas
 	stopSupervising context.CancelFunc
-	ready  *stack.Readiness
-	cfg    config
-	out    io.Writer
-	load   *loadSampler
-	client client.Client
-	runs   int
+	ready           *stack.Readiness
+	cfg             config
+	out             io.Writer
+	load            *loadSampler
+	client          client.Client
+	runs            int
 }
 
 func (b *bench) benchClient() (client.Client, error) {
