@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
@@ -39,24 +40,25 @@ import (
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 type options struct {
-	manager          flags.ManagerOptions
-	webhookHost      string
-	webhookPort      int
-	certDir          string
-	healthAddr       string
-	enableHTTP2      bool
-	leaderElect      bool
-	leaderElectionNS string
-	bmhNameBased     bool
-	admissionTimeout time.Duration
-	claimTimeout     time.Duration
-	claimSendWait    time.Duration
-	releaseGrace     time.Duration
-	handOverDelay    time.Duration
-	requesters       []string
-	concurrency      int
-	qps              float32
-	burst            int
+	manager           flags.ManagerOptions
+	webhookHost       string
+	webhookPort       int
+	certDir           string
+	healthAddr        string
+	enableHTTP2       bool
+	leaderElect       bool
+	leaderElectionNS  string
+	bmhNameBased      bool
+	admissionTimeout  time.Duration
+	claimTimeout      time.Duration
+	claimSendWait     time.Duration
+	reusedNameHoldoff time.Duration
+	releaseGrace      time.Duration
+	handOverDelay     time.Duration
+	requesters        []string
+	concurrency       int
+	qps               float32
+	burst             int
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
@@ -84,6 +86,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long the leader leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
+	fs.DurationVar(&o.reusedNameHoldoff, "reused-name-holdoff", 10*time.Second,
+		"How long after a Metal3Data is deleted a new one of the same name is left to CAPM3: CAPM3 releases claims by name, from a cache that may lag.")
 	fs.StringSliceVar(&o.requesters, "preallocate-for-requesters", nil,
 		"Users whose Metal3Data creates get claims preallocated, e.g. the service account CAPM3 runs as; empty for everyone (transparent).")
 	fs.IntVar(&o.concurrency, "handover-concurrency", 10, "Metal3Data handed over in parallel.")
@@ -197,6 +201,14 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.Add(admissions); err != nil {
 		return err
 	}
+	deletions := &mutate.Deletions{Window: o.reusedNameHoldoff}
+	dataInformer, err := mgr.GetCache().GetInformer(ctx, allocation.Metadata(handover.Metal3DataGVK))
+	if err != nil {
+		return err
+	}
+	if _, err := dataInformer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{DeleteFunc: deletions.OnDelete}); err != nil {
+		return err
+	}
 	mgr.GetWebhookServer().Register("/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate",
 		&webhook.Admission{WithContextFunc: mutate.WithRequestTiming, Handler: &mutate.Preallocator{
 			Reader:       mgr.GetClient(),
@@ -205,6 +217,7 @@ func run(ctx context.Context, o options) error {
 			BMHNameBased: o.bmhNameBased,
 			Timeout:      o.admissionTimeout,
 			Requesters:   o.requesters,
+			Deletions:    deletions,
 			OnAdmitted:   admissions.Admitted,
 		}})
 

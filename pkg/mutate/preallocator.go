@@ -86,6 +86,9 @@ type Preallocator struct {
 	// Requesters, when not empty, limits preallocation to Metal3Data created by these users (the
 	// service account CAPM3 runs as): nobody else can make the webhook reserve addresses.
 	Requesters []string
+	// Deletions, when set, holds the Metal3Data this replica saw deleted lately: a new one of the
+	// same name is left to CAPM3 (see Deletions).
+	Deletions *Deletions
 	// OnAdmitted is told of every admission, dry runs aside, that recorded claims on its
 	// Metal3Data (token and the claims to create) or has a warning for the operator, before the
 	// answer. It may wait until the creates are sent, never for a write: CAPM3's template
@@ -138,6 +141,9 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 		}
 		return p.skipped(ctx, data, s)
 	}
+	if reason := p.nameInUse(ctx, data); reason != "" {
+		return p.leftToCAPM3(ctx, data, claims, skipf(ReasonNameInUse, "%s", reason))
+	}
 	token := string(req.UID)
 	var (
 		recorded []allocation.Claim
@@ -171,6 +177,34 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	logger.V(2).Info("Recorded IP claims to create ahead of CAPM3", "count", len(recorded))
 	p.admitted(ctx, data, token, recorded, warnings...)
 	return admission.Patched("", recordPatch(data.Annotations, record)...).WithWarnings(warnings...)
+}
+
+// nameInUse says why claims for data would not be safe under its name: a CREATE of a name the
+// cache still holds is either about to fail (AlreadyExists) or comes right after the deletion of
+// its predecessor, whose claims CAPM3 releases by name, from a cache as stale as ours; and one
+// deleted lately may still be released by a CAPM3 whose cache lags (see Deletions).
+func (p *Preallocator) nameInUse(ctx context.Context, data *infrav1.Metal3Data) string {
+	key := types.NamespacedName{Namespace: data.Namespace, Name: data.Name}
+	predecessor := allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3Data"))
+	if err := p.Reader.Get(ctx, key, predecessor); err == nil {
+		return fmt.Sprintf("a Metal3Data of this name is still known (uid %s), and CAPM3 releases its claims by name", predecessor.UID)
+	}
+	if ago, ok := p.Deletions.Since(key); ok {
+		return fmt.Sprintf("a Metal3Data of this name was deleted %v ago, and CAPM3 may still release its claims by name", ago.Round(time.Millisecond))
+	}
+	return ""
+}
+
+// leftToCAPM3 admits data unchanged and warns, naming each claim, why they are left to CAPM3.
+func (p *Preallocator) leftToCAPM3(ctx context.Context, data *infrav1.Metal3Data, claims []allocation.Claim, s *skip) admission.Response {
+	log.FromContext(ctx).V(1).Info("Not preallocating IP claims", "reason", s.reason, "detail", s.msg)
+	admissionsTotal.WithLabelValues("skipped", s.reason).Inc()
+	warnings := make([]string, len(claims))
+	for i, c := range claims {
+		warnings[i] = fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %s", c.Kind(), c.Object.GetName(), s.msg)
+	}
+	p.admitted(ctx, data, "", nil, warnings...)
+	return admission.Allowed("").WithWarnings(warnings...)
 }
 
 // deadline is when this admission must be answered: the API server tells, in the timeout query
@@ -240,15 +274,6 @@ func (p *Preallocator) plan(ctx context.Context, data *infrav1.Metal3Data) ([]al
 	}
 	if data.Name == "" {
 		return nil, skipf(ReasonNoName, "metadata.name is not set, so claim names are unknown")
-	}
-	// A CREATE of a name the cache still holds is either about to fail (AlreadyExists) or comes
-	// right after the deletion of its predecessor, whose claims CAPM3 releases by name, from a cache
-	// as stale as ours: claims created now could be deleted under the new Metal3Data.
-	predecessor := allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3Data"))
-	if err := p.Reader.Get(ctx, types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, predecessor); err == nil {
-		return nil, skipf(ReasonNameInUse, "a Metal3Data of this name is still known (uid %s)", predecessor.UID)
-	} else if !apierrors.IsNotFound(err) {
-		return nil, err
 	}
 	if annotations.HasPaused(data) {
 		return nil, skipf(ReasonPaused, "the Metal3Data carries %s", clusterv1.PausedAnnotation)

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -36,13 +37,16 @@ func TestSkips(t *testing.T) {
 		dryRun      bool
 		requesters  []string
 		existing    func(m *fixtures.Machine) client.Object
+		deleted     bool
 		wantWarning string
 	}{
 		{name: "name still in use by a deleted predecessor", reason: ReasonNameInUse, existing: func(m *fixtures.Machine) client.Object {
 			old := m.Data.DeepCopy()
 			old.UID = "predecessor"
 			return old
-		}},
+		}, wantWarning: "IPClaim tmpl-3-pool-v4 left to CAPM3: a Metal3Data of this name is still known (uid predecessor)"},
+		{name: "name of a Metal3Data deleted lately", reason: ReasonNameInUse, deleted: true,
+			wantWarning: "IPClaim tmpl-3-pool-v4 left to CAPM3: a Metal3Data of this name was deleted"},
 		{name: "requester not served", reason: ReasonRequester, requesters: []string{"system:serviceaccount:capm3-system:capm3-manager"}},
 		{name: "record would not fit the annotations", reason: ReasonRecordTooLarge, mutate: func(m *fixtures.Machine) {
 			m.Data.Annotations = map[string]string{"big": strings.Repeat("x", 256*1024-10)}
@@ -131,6 +135,10 @@ func TestSkips(t *testing.T) {
 			before := testutil.ToFloat64(skipped)
 			p := newPreallocator(c, false)
 			p.Requesters = tc.requesters
+			if tc.deleted {
+				p.Deletions = &Deletions{Window: time.Minute}
+				p.Deletions.OnDelete(toolscache.DeletedFinalStateUnknown{Key: "x", Obj: m.Data.DeepCopy()})
+			}
 
 			resp := p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, tc.dryRun))
 

@@ -395,9 +395,12 @@ func sleepUntil(ctx context.Context, t time.Time) {
 	}
 }
 
-// deleteNamespaces deletes the scenario's namespaces that still exist, at once, and counts those
-// not gone within namespaceDeadline; for those it reports what the namespace controller says is
-// left, and waits a while longer to tell slow from stuck.
+// deleteNamespaces deletes the scenario's namespaces that still exist, one after another, and
+// counts those not gone within namespaceDeadline; for those it reports what the namespace
+// controller says is left, and waits a while longer to tell slow from stuck. One at a time, as
+// the deadline is for what ip-preallocator could hold up: deleting a namespace of a few dozen
+// Metal3Data already takes CAPM3, at its 20 requests a second, a good part of it, and several at
+// once add up.
 func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 	late := namedCount{name: invNamespaces}
 	type result struct {
@@ -408,7 +411,7 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 	}
 	results := make(chan result, len(sc.namespaces))
 	for _, ns := range sc.namespaces {
-		go func() {
+		func() {
 			obj := &corev1.Namespace{}
 			obj.Name = ns
 			start := time.Now()
