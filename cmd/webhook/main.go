@@ -85,7 +85,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
-		"How long the leader leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
+		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
 	fs.DurationVar(&o.reusedNameHoldoff, "reused-name-holdoff", 10*time.Second,
 		"How long after a Metal3Data is deleted a new one of the same name is left to CAPM3: CAPM3 releases claims by name, from a cache that may lag.")
 	fs.StringSliceVar(&o.requesters, "preallocate-for-requesters", nil,
@@ -230,12 +230,17 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
-		release := &handover.Release{
-			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
-			GracePeriod: o.releaseGrace, HandOverDelay: o.handOverDelay, ClaimGVK: gvk,
-		}
-		if err := release.SetupWithManager(ctx, mgr, o.concurrency); err != nil {
+		if err := handover.IndexWaitingFor(ctx, mgr, gvk); err != nil {
 			return err
+		}
+		for _, takeOver := range []bool{true, false} {
+			release := &handover.Release{
+				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
+				GracePeriod: o.releaseGrace, HandOverDelay: o.handOverDelay, ClaimGVK: gvk, TakeOver: takeOver,
+			}
+			if err := release.SetupWithManager(mgr, o.concurrency); err != nil {
+				return err
+			}
 		}
 	}
 

@@ -165,6 +165,11 @@ func TestRelease(t *testing.T) {
 		return &Release{Client: c, APIReader: live, Recorder: events.NewFakeRecorder(10),
 			GracePeriod: grace, HandOverDelay: delay, ClaimGVK: allocation.IPClaimGVK}
 	}
+	newTakeOver := func(c, live client.Client, grace, delay time.Duration) *Release {
+		r := newRelease(c, live, grace, delay)
+		r.TakeOver = true
+		return r
+	}
 	exists := func(c client.Reader) bool {
 		err := c.Get(ctx, req.NamespacedName, &ipamv1.IPClaim{})
 		return err == nil
@@ -216,7 +221,7 @@ func TestRelease(t *testing.T) {
 	})
 	t.Run("a lost admission response: handed over at once", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("", ""))
-		if _, err := newRelease(c, c, time.Hour, time.Hour).Reconcile(ctx, req); err != nil {
+		if _, err := newTakeOver(c, c, time.Hour, time.Hour).Reconcile(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 		if owners := ownedBy(t, c, "tmpl-0-a"); len(owners) != 1 || owners[0].UID != "data-uid" {
@@ -225,7 +230,7 @@ func TestRelease(t *testing.T) {
 	})
 	t.Run("recorded: left to the admitting replica, then taken over", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
-		r := newRelease(c, c, time.Hour, 200*time.Millisecond)
+		r := newTakeOver(c, c, time.Hour, 200*time.Millisecond)
 		res, err := r.Reconcile(ctx, req)
 		if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 			t.Fatalf("first look: %v %v", res, err)
@@ -233,6 +238,23 @@ func TestRelease(t *testing.T) {
 		time.Sleep(res.RequeueAfter)
 		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
 			t.Fatalf("take-over: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
+		}
+	})
+	t.Run("the leader hands nothing over, every replica releases nothing", func(t *testing.T) {
+		stored := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("", ""))
+		if res, err := newRelease(stored, stored, time.Hour, 0).Reconcile(ctx, req); err != nil || res.RequeueAfter != time.Hour ||
+			len(ownedBy(t, stored, "tmpl-0-a")) != 0 {
+			t.Fatalf("leader on a stored Metal3Data: %v %v owners=%v", res, err, ownedBy(t, stored, "tmpl-0-a"))
+		}
+		never := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
+		if _, err := newTakeOver(never, never, 0, 0).Reconcile(ctx, req); err != nil || !exists(never) {
+			t.Fatalf("take-over on a Metal3Data never stored: %v exists=%v", err, exists(never))
+		}
+		if err := never.Delete(ctx, claim("tmpl-0-a", "t1")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := newTakeOver(never, never, 0, 0).Reconcile(ctx, req); err != nil || !exists(never) {
+			t.Fatalf("take-over on a waiting claim being deleted: %v exists=%v", err, exists(never))
 		}
 	})
 	t.Run("a waiting claim being deleted loses CAPM3's finalizer", func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,13 +33,18 @@ const orphanRecheck = 30 * time.Second
 // waitingForIndex indexes claims that wait for a Metal3Data by its name.
 const waitingForIndex = "ip-preallocator.metal3.io/waiting-for"
 
-// Release finishes every claim still waiting for its Metal3Data, on the leader:
-//   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
+// Release finishes every claim still waiting for its Metal3Data. Two instances share the work.
+// On every replica (TakeOver), because a hand-over is safe from anywhere and must not wait for a
+// new leader after the leader died:
 //   - its Metal3Data is stored but carries no record of it (the admission response was lost, or a
 //     later admission of the same name reclaimed it): handed over at once;
 //   - its Metal3Data records it but the admitting replica did not hand it over within
-//     HandOverDelay (it died): handed over;
-//   - its Metal3Data is not stored GracePeriod after the last admission claimed it: released.
+//     HandOverDelay (it died): handed over.
+//
+// On the leader, because these remove or release:
+//   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
+//   - its Metal3Data is not stored GracePeriod after the last admission claimed it: released;
+//   - being deleted, owned by a Metal3Data that is gone: CAPM3's finalizer goes.
 //
 // Time is measured on this replica's clock from when it first saw the claim's current admission,
 // so clock skew between replicas and the API server cannot shorten a grace period.
@@ -52,6 +58,9 @@ type Release struct {
 	HandOverDelay time.Duration
 	// ClaimGVK is the claim kind this instance watches.
 	ClaimGVK schema.GroupVersionKind
+	// TakeOver makes this the instance that runs on every replica and only hands over; the
+	// other runs on the leader and only releases and finishes.
+	TakeOver bool
 
 	mu   sync.Mutex
 	seen map[types.NamespacedName]sighting
@@ -76,12 +85,15 @@ func waitingForValue(o client.Object) []string {
 	return nil
 }
 
-// SetupWithManager registers the controller; it runs under leader election.
-func (r *Release) SetupWithManager(ctx context.Context, mgr ctrl.Manager, concurrency int) error {
+// IndexWaitingFor indexes the claims of kind gvk by the Metal3Data they wait for; both instances
+// of Release use it.
+func IndexWaitingFor(ctx context.Context, mgr ctrl.Manager, gvk schema.GroupVersionKind) error {
+	return mgr.GetFieldIndexer().IndexField(ctx, allocation.Metadata(gvk), waitingForIndex, waitingForValue)
+}
+
+// SetupWithManager registers the controller: under leader election unless TakeOver.
+func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	claim := allocation.Metadata(r.ClaimGVK)
-	if err := mgr.GetFieldIndexer().IndexField(ctx, claim, waitingForIndex, waitingForValue); err != nil {
-		return err
-	}
 	waiting := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		_, ok := waitingFor(o)
 		return ok || orphanOwner(o) != nil
@@ -91,13 +103,17 @@ func (r *Release) SetupWithManager(ctx context.Context, mgr ctrl.Manager, concur
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
+	name := "preallocation-release-"
+	if r.TakeOver {
+		name = "preallocation-takeover-"
+	}
 	return ctrl.NewControllerManagedBy(mgr).
-		Named("preallocation-release-"+r.ClaimGVK.Kind).
+		Named(name+r.ClaimGVK.Kind).
 		For(claim, builder.WithPredicates(waiting)).
 		// A stored Metal3Data is what a waiting claim waits for: look at its claims at once.
 		Watches(allocation.Metadata(Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
 			builder.WithPredicates(created)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(!r.TakeOver)}).
 		Complete(r)
 }
 
@@ -150,7 +166,7 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	dataName, ok := waitingFor(claim)
 	if !ok {
 		r.forget(req.NamespacedName)
-		if owner := orphanOwner(claim); owner != nil {
+		if owner := orphanOwner(claim); owner != nil && !r.TakeOver {
 			return r.finishOrphan(ctx, claim, owner)
 		}
 		return ctrl.Result{}, nil
@@ -158,6 +174,9 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(claim.Namespace, dataName))
 	ctx = log.IntoContext(ctx, logger)
 	if !claim.DeletionTimestamp.IsZero() {
+		if r.TakeOver {
+			return ctrl.Result{}, nil
+		}
 		logger.Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
 		_, err := allocation.Finish(ctx, r.Client, claim)
 		return ctrl.Result{}, err
@@ -169,16 +188,22 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
-	if err == nil && data.DeletionTimestamp.IsZero() {
-		if !r.recordedOn(data, claim) {
-			return ctrl.Result{}, r.handOverUnrecorded(ctx, claim, dataName)
-		}
+	stored := err == nil && data.DeletionTimestamp.IsZero()
+	switch {
+	case stored && !r.TakeOver:
+		// Handed over by a TakeOver instance; look again in case the Metal3Data goes first.
+		return ctrl.Result{RequeueAfter: r.GracePeriod}, nil
+	case stored && !r.recordedOn(data, claim):
+		return ctrl.Result{}, r.handOverUnrecorded(ctx, claim, dataName)
+	case stored:
 		if wait := r.HandOverDelay - age; wait > 0 {
 			return ctrl.Result{RequeueAfter: wait}, nil
 		}
 		logger.Info("Handing over a claim its admitting replica did not", r.ClaimGVK.Kind, klog.KObj(claim))
 		return ctrl.Result{}, handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
 			claim.Annotations[allocation.AdmissionAnnotation], "resync")
+	case r.TakeOver:
+		return ctrl.Result{}, nil
 	}
 
 	if wait := r.GracePeriod - age; wait > 0 {
