@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"math"
 	"slices"
 	"strings"
@@ -14,8 +15,12 @@ import (
 )
 
 // record turns what one run observed into its figures.
-func (b *bench) record(run *Run, ms []*fixtures.Machine, claims claimCreated, capm3 *stack.CAPM3, events []harness.AuditEvent) {
+func (b *bench) record(ctx context.Context, run *Run, ms []*fixtures.Machine, claims claimCreated, capm3 *stack.CAPM3, events []harness.AuditEvent) error {
 	ns := ms[0].DataClaim.Namespace
+	warned, err := harness.ClaimsLeftToCAPM3(ctx, b.cp.Client, ns)
+	if err != nil {
+		return err
+	}
 	arrivals := capm3.Arrivals.In(ns)
 	data := dataOf(arrivals)
 	var lastArrival time.Time
@@ -36,6 +41,11 @@ func (b *bench) record(run *Run, ms []*fixtures.Machine, claims claimCreated, ca
 		run.WorkReconciles = append(run.WorkReconciles, st.WorkReconciles)
 		run.Requeues += st.Requeues
 		run.ClaimsByCAPM3 += st.ClaimsCreated
+		for _, c := range st.CreatedClaims {
+			if warned[c] {
+				run.ClaimsByCAPM3Warned++
+			}
+		}
 		if st.FirstReconcileSawWaitingClaim {
 			run.FirstReconcileSawWaitingClaim++
 		}
@@ -49,6 +59,7 @@ func (b *bench) record(run *Run, ms []*fixtures.Machine, claims claimCreated, ca
 		keys = append(keys, data[m.DataClaim.Name].Data)
 	}
 	recordCauses(run, keys, capm3.Counter.Of, events, b.webhookUser())
+	return nil
 }
 
 func (b *bench) webhookUser() string {

@@ -74,6 +74,9 @@ type Run struct {
 	Requeues                                          int
 	FirstReconcileSawWaitingClaim                     int
 	ClaimsByCAPM3                                     int
+	// ClaimsByCAPM3Warned counts those the webhook named in a PreallocationIncomplete Event: it
+	// left them to CAPM3 (not created in time, or CAPM3 created them first).
+	ClaimsByCAPM3Warned int
 	// Requests per Metal3Data by component, then by "verb resource".
 	Requests map[string]map[string]float64
 	// Load is the machine's mean one-minute load average during the run.

@@ -408,7 +408,9 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	run.WebhookCalls, run.WebhookCall, run.WebhookHandler = int(spent.apiserver.count), spent.apiserver.mean(), spent.handler.mean()
 	run.WebhookClaimCreation = spent.claims.mean()
 	run.Load = b.load.meanSince(loadFrom)
-	b.record(run, ms, claims, capm3, events)
+	if err := b.record(ctx, run, ms, claims, capm3, events); err != nil {
+		return nil, err
+	}
 	if sc.LeaderLoss {
 		recordAfterKill(run, ms, claims, capm3, killed)
 	}
