@@ -51,7 +51,8 @@ type options struct {
 	bmhNameBased      bool
 	admissionTimeout  time.Duration
 	claimTimeout      time.Duration
-	claimSendWait     time.Duration
+	claimWait         time.Duration
+	streamWindow      time.Duration
 	reusedNameHoldoff time.Duration
 	releaseGrace      time.Duration
 	handOverDelay     time.Duration
@@ -79,9 +80,11 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.admissionTimeout, "admission-timeout", 3*time.Second,
 		"How long one admission may take, from the request's start; the API server's own timeout for the call, when shorter, bounds it too.")
 	fs.DurationVar(&o.claimTimeout, "claim-creation-timeout", 10*time.Second,
-		"How long creating the claims of one admitted Metal3Data may take, retries included; admission waits only until their create requests are sent.")
-	fs.DurationVar(&o.claimSendWait, "claim-send-wait", 100*time.Millisecond,
-		"How long admission waits for its claims' create requests to be sent (the client's rate limit may hold them) before it answers anyway.")
+		"How long creating the claims of one admitted Metal3Data may take, retries included, also after the admission answered.")
+	fs.DurationVar(&o.claimWait, "claim-wait", 250*time.Millisecond,
+		"How long admission waits for its claims (stored after a pause, sent in a stream) before it answers anyway.")
+	fs.DurationVar(&o.streamWindow, "stream-window", 250*time.Millisecond,
+		"Admissions less than this apart form a stream: each answers once its claims' create requests are sent, not stored.")
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
@@ -196,7 +199,8 @@ func run(ctx context.Context, o options) error {
 			APIReader: mgr.GetAPIReader(),
 		},
 		CreateTimeout: o.claimTimeout,
-		SendWait:      o.claimSendWait,
+		StreamWindow:  o.streamWindow,
+		Wait:          o.claimWait,
 	}
 	if err := mgr.Add(admissions); err != nil {
 		return err

@@ -32,16 +32,19 @@ type Admissions struct {
 	Creator *allocation.Creator
 	// CreateTimeout bounds the creation of one admission's claims, retries included.
 	CreateTimeout time.Duration
-	// SendWait bounds how long an admission waits for its claims' create requests to be sent
-	// (the client's rate limiter may hold them).
-	SendWait time.Duration
+	// StreamWindow is how close to the previous admission with claims an admission must come
+	// to be part of a stream (see Admitted).
+	StreamWindow time.Duration
+	// Wait bounds how long an admission waits for its claims.
+	Wait time.Duration
 
-	mu       sync.Mutex
-	pending  map[types.NamespacedName]*admitted
-	running  sync.WaitGroup
-	once     sync.Once
-	created  chan event.GenericEvent
-	stopping chan struct{}
+	mu         sync.Mutex
+	pending    map[types.NamespacedName]*admitted
+	lastCreate time.Time
+	running    sync.WaitGroup
+	once       sync.Once
+	created    chan event.GenericEvent
+	stopping   chan struct{}
 }
 
 type admitted struct {
@@ -80,10 +83,15 @@ func (a *Admissions) Start(ctx context.Context) error {
 func (a *Admissions) NeedLeaderElection() bool { return false }
 
 // Admitted records this replica's admission of the Metal3Data key: claims it recorded under the
-// admission token, created now in the background, and a warning for the operator. It returns as
-// soon as every claim's create request is on the wire to the API server, or SendWait or ctx
-// ends: the API server then stores the claims before CAPM3 can have reconciled the Metal3Data,
-// which it stores only after the answer, and admission waits for no write.
+// admission token, created now, and a warning for the operator. It returns once the claims are
+// stored when the admission follows a pause, and once their create requests are on the wire when
+// it follows the previous one within StreamWindow; in both cases within Wait, or when ctx ends.
+//
+// In a stream (CAPM3's template controller creates the Metal3Data of a template one after
+// another) every write admission waited for would be paid once per machine, in series; sending
+// is enough there, since the API server stores the Metal3Data only after the answer and CAPM3
+// reads two Secrets and the BareMetalHost live before it creates claims. After a pause the wait
+// costs nobody, and claims stored before the Metal3Data give the IPAM the longest head start.
 func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
 	a.init()
 	a.mu.Lock()
@@ -94,22 +102,33 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 		}
 	}
 	a.pending[key] = &admitted{token: token, warning: warning, at: now, creating: len(claims) > 0}
+	stream := len(claims) > 0 && now.Sub(a.lastCreate) < a.StreamWindow
+	if len(claims) > 0 {
+		a.lastCreate = now
+	}
 	a.mu.Unlock()
 	if len(claims) == 0 {
 		return
 	}
 	var onWire sync.WaitGroup
 	onWire.Add(len(claims))
-	sent := make(chan struct{})
+	sent, stored := make(chan struct{}), make(chan struct{})
 	go func() {
 		onWire.Wait()
 		close(sent)
 	}()
-	a.running.Go(func() { a.create(key, token, claims, onWire.Done) })
-	wait := time.NewTimer(a.SendWait)
+	a.running.Go(func() {
+		defer close(stored)
+		a.create(key, token, claims, onWire.Done)
+	})
+	ready := stored
+	if stream {
+		ready = sent
+	}
+	wait := time.NewTimer(a.Wait)
 	defer wait.Stop()
 	select {
-	case <-sent:
+	case <-ready:
 	case <-wait.C:
 	case <-ctx.Done():
 	}

@@ -3,19 +3,27 @@ package handover
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
@@ -30,7 +38,7 @@ func planned() []allocation.Claim {
 }
 
 func newAdmissions(c client.Client) *Admissions {
-	return &Admissions{TTL: time.Minute, CreateTimeout: 5 * time.Second, SendWait: 100 * time.Millisecond,
+	return &Admissions{TTL: time.Minute, CreateTimeout: 5 * time.Second, Wait: 100 * time.Millisecond,
 		Creator: &allocation.Creator{Client: c, Cache: c, APIReader: c}}
 }
 
@@ -182,5 +190,52 @@ func TestShutdownWaitsForCreations(t *testing.T) {
 	}
 	for _, name := range []string{"tmpl-0-a", "tmpl-0-b"} {
 		ownedBy(t, c, name) // exists
+	}
+}
+
+// TestWaitsForStoredAfterAPauseForSentInAStream: against an API server that holds its answers,
+// an admission after a pause waits until its claims are stored, one right after it only until
+// their create requests are sent.
+func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
+	var hold atomic.Pointer[chan struct{}]
+	first := make(chan struct{})
+	hold.Store(&first)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		<-*hold.Load()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(body)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	mapper := meta.NewDefaultRESTMapper(nil)
+	mapper.Add(allocation.IPClaimGVK, meta.RESTScopeNamespace)
+	c, err := client.New(&rest.Config{Host: srv.URL, TLSClientConfig: rest.TLSClientConfig{Insecure: true}},
+		client.Options{Scheme: fixtures.Scheme(), Mapper: mapper})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := newClient(interceptor.Funcs{})
+	a := &Admissions{TTL: time.Minute, CreateTimeout: 10 * time.Second, StreamWindow: time.Minute, Wait: 5 * time.Second,
+		Creator: &allocation.Creator{Client: c, Cache: cache, APIReader: cache}}
+
+	const held = 300 * time.Millisecond
+	time.AfterFunc(held, func() { close(first) })
+	start := time.Now()
+	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
+	if took := time.Since(start); took < held || took > 4*time.Second {
+		t.Errorf("after a pause the admission waited %v, the API server held the creates %v", took, held)
+	}
+
+	second := make(chan struct{})
+	hold.Store(&second)
+	defer close(second)
+	next := types.NamespacedName{Namespace: dataKey.Namespace, Name: "tmpl-1"}
+	start = time.Now()
+	a.Admitted(context.Background(), next, "t2", planned(), "")
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("in a stream the admission waited %v for creates the API server holds", took)
 	}
 }
