@@ -169,12 +169,16 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 	double := namedCount{name: invDoubleAllocation}
 	capm3Up := namedCount{name: invCAPM3Claims}
 	capm3Recorded := namedCount{name: "of the claims CAPM3 created while the webhook was up: recorded by the webhook"}
-	capm3Warned := namedCount{name: "claims the webhook left to CAPM3 with a warning (admission warning or PreallocationIncomplete Event: not created in time, or CAPM3 created it first), which CAPM3 then created as designed (not counted above)"}
+	capm3Warned := namedCount{name: "claims the webhook left to CAPM3 with a warning (its log, the PreallocationIncomplete Event or an admission warning: not created in time, or CAPM3 created it first), which CAPM3 then created as designed (not counted above)"}
 	capm3Down := namedCount{name: "claims created by CAPM3 while the webhook was down"}
 	unanswered := namedCount{name: invUnanswered}
 	unansweredInfo := namedCount{name: "admissions the webhook did not answer (a replica or its API was faulted)"}
 
 	warned := map[string]map[string]bool{}
+	logged, err := harness.ClaimsLeftToCAPM3InLogs(cp.Dir)
+	if err != nil {
+		return checkResult{}, err
+	}
 	for _, ns := range sc.namespaces {
 		s, err := readNamespace(ctx, ns)
 		if err != nil {
@@ -280,10 +284,11 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 			capm3Up.add("%s for a Metal3Data the suite did not admit (owner uid %s)", rec, rec.owner)
 		case a.answered():
 			switch {
-			case warned[rec.namespace][rec.kind+"/"+rec.name],
+			case warned[rec.namespace][rec.kind+"/"+rec.name], logged[rec.namespace+"/"+rec.kind+"/"+rec.name],
 				slices.ContainsFunc(a.warnings, func(w string) bool { return strings.Contains(w, " "+rec.name+" ") }):
 				// Left to CAPM3 by design: the webhook's create came after CAPM3's, or failed, and
-				// it said so in a Warning Event (and an admission warning when it knew at once).
+				// it said so in its log and a Warning Event (which API faults may cost), and in an
+				// admission warning when it knew at once.
 				capm3Warned.add("%s", rec)
 				continue
 			case slices.Contains(a.recorded, rec.kind+"/"+rec.name):
