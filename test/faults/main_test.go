@@ -17,8 +17,13 @@ import (
 // 30 s" after a scenario stays short.
 const gracePeriod = 10 * time.Second
 
-// settleAfterGrace is how long after the grace period every invariant must hold.
+// settleAfterGrace is how long after the grace period every invariant must hold, or how long the
+// controllers may go without progress towards that (see settle).
 const settleAfterGrace = 30 * time.Second
+
+// settleMax bounds how long after its last activity a scenario that keeps making progress may
+// take for its invariants to hold.
+const settleMax = 5 * time.Minute
 
 // namespaceDeadline is how long a deleted namespace may take to disappear.
 const namespaceDeadline = 30 * time.Second
