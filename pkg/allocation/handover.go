@@ -109,7 +109,9 @@ func HandOver(ctx context.Context, c client.Writer, data metav1.Object, ref Clai
 	if err != nil {
 		return false, err
 	}
-	tests := waitingTests(data.GetName(), token)
+	// A claim being deleted keeps its status while the IPAM frees its address: CAPM3 would render
+	// an address that can be handed out again.
+	tests := append(waitingTests(data.GetName(), token), jsonpatch.Operation{Operation: "test", Path: "/metadata/deletionTimestamp"})
 	own := jsonpatch.NewOperation("add", "/metadata/ownerReferences", []metav1.OwnerReference{OwnerReference(data)})
 	removeKeys := slices.Concat(tests, []jsonpatch.Operation{
 		jsonpatch.NewOperation("remove", annotationPath(PreallocatedForAnnotation), nil),

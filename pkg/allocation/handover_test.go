@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
@@ -112,6 +113,16 @@ func TestHandOver(t *testing.T) {
 			}(),
 			wantAnnotations: map[string]string{PreallocatedForAnnotation: "tmpl-0", AdmissionAnnotation: "t1"},
 		},
+		{
+			name: "a claim being deleted is never handed over (CAPM3 would render its address while the IPAM frees it)", token: "t1",
+			claim: func() *ipamv1.IPClaim {
+				c := waitingClaim("t1", nil)
+				c.Finalizers = []string{"metal3data.infrastructure.cluster.x-k8s.io"}
+				c.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+				return c
+			}(),
+			wantAnnotations: map[string]string{PreallocatedForAnnotation: "tmpl-0", AdmissionAnnotation: "t1"},
+		},
 		{name: "gone", token: "t1"},
 		{
 			name: "a rejected patch is an error, not 'not ours'", claim: waitingClaim("t1", nil), token: "t1",
@@ -195,8 +206,7 @@ func TestRelease(t *testing.T) {
 			if err := c.Delete(ctx, obj, opts...); err != nil {
 				return err
 			}
-			_, err := HandOver(ctx, c, storedData(), ClaimRef{Kind: KindIPClaim, Name: obj.GetName()}, "t1", nil)
-			return err
+			return ownedMeanwhile(ctx, c, obj.GetName())
 		}}
 		c := fixtures.NewClient([]client.Object{waitingClaim("t1", nil)}, ptrTo(fixtures.APIServerPatchErrors(handOverAfterDelete)))
 		released, err := Release(ctx, c, claimMetadata(t, c))
@@ -217,6 +227,19 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("Release error %v", err)
 		}
 	})
+}
+
+// ownedMeanwhile gives the claim name CAPM3's owner reference and drops our annotations, as a
+// hand-over that came before the claim's deletion and was seen late would have.
+func ownedMeanwhile(ctx context.Context, c client.Client, name string) error {
+	claim := &ipamv1.IPClaim{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: name}, claim); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(claim.DeepCopy())
+	claim.OwnerReferences = []metav1.OwnerReference{OwnerReference(storedData())}
+	claim.Annotations = nil
+	return c.Patch(ctx, claim, patch)
 }
 
 func getClaimAsObject(t *testing.T, c client.Reader) client.Object {
@@ -245,7 +268,7 @@ func TestFinish(t *testing.T) {
 			}
 			read := claimMetadata(t, c)
 			if tc.owned {
-				if _, err := HandOver(ctx, c, storedData(), ClaimRef{Kind: KindIPClaim, Name: claim.Name}, "t1", nil); err != nil {
+				if err := ownedMeanwhile(ctx, c, claim.Name); err != nil {
 					t.Fatal(err)
 				}
 			}
