@@ -240,7 +240,8 @@ func run(ctx context.Context, o options) error {
 		for _, takeOver := range []bool{true, false} {
 			release := &handover.Release{
 				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
-				GracePeriod: o.releaseGrace, HandOverDelay: o.handOverDelay, ClaimGVK: gvk, TakeOver: takeOver,
+				GracePeriod: o.releaseGrace, HandOverDelay: o.handOverDelay, FinishDelay: 5 * time.Second,
+				ClaimGVK: gvk, TakeOver: takeOver,
 			}
 			if err := release.SetupWithManager(mgr, o.concurrency); err != nil {
 				return err

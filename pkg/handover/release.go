@@ -56,6 +56,9 @@ type Release struct {
 	Recorder      events.EventRecorder
 	GracePeriod   time.Duration
 	HandOverDelay time.Duration
+	// FinishDelay is how long a waiting claim that is being deleted keeps CAPM3's finalizer
+	// while the IPAM has none on it, so that the IPAM sees the deletion (see Reconcile).
+	FinishDelay time.Duration
 	// ClaimGVK is the claim kind this instance watches.
 	ClaimGVK schema.GroupVersionKind
 	// TakeOver makes this the instance that runs on every replica and only hands over; the
@@ -148,6 +151,13 @@ func (r *Release) age(key types.NamespacedName, claim *metav1.PartialObjectMetad
 	return now.Sub(s.at)
 }
 
+// deletingFor is how long this replica has seen the claim being deleted.
+func (r *Release) deletingFor(key types.NamespacedName, claim *metav1.PartialObjectMetadata) time.Duration {
+	deleting := claim.DeepCopy()
+	deleting.Annotations = map[string]string{allocation.AdmissionAnnotation: "deleting:" + claim.Annotations[allocation.AdmissionAnnotation]}
+	return r.age(key, deleting)
+}
+
 func (r *Release) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -176,6 +186,16 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	if !claim.DeletionTimestamp.IsZero() {
 		if r.TakeOver {
 			return ctrl.Result{}, nil
+		}
+		// The IPAM may be allocating: a claim gone before it saw the deletion leaves it an
+		// IPAddress nobody releases. Its finalizer, once it has one, says when it is done (its
+		// removal is an event); without one, its pool reconcile gets FinishDelay to see the
+		// deletion.
+		if others := slices.DeleteFunc(slices.Clone(claim.Finalizers), func(f string) bool { return f == infrav1.DataFinalizer }); len(others) > 0 {
+			return ctrl.Result{RequeueAfter: r.FinishDelay}, nil
+		}
+		if wait := r.FinishDelay - r.deletingFor(req.NamespacedName, claim); wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, nil
 		}
 		logger.Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
 		_, err := allocation.Finish(ctx, r.Client, claim)
