@@ -150,25 +150,19 @@ func onlyOurs(annotations map[string]string) bool {
 }
 
 // Release frees a claim preallocated for a Metal3Data that is not stored, so that the IPAM returns
-// its address: claim must come from a live read that found it waiting. It deletes first, only if
-// the claim is unchanged since that read, and then removes CAPM3's finalizer, only while the claim
-// still waits: a hand-over that slips in between leaves a claim being deleted and owned by its
-// Metal3Data, which CAPM3 never uses (it drops such a claim and creates a new one), so no address
-// can be handed out twice. A claim already being deleted only loses the finalizer.
+// its address: claim must come from a live read that found it waiting. It deletes the claim, only
+// if it is unchanged since that read, and reports whether it did; CAPM3's finalizer then goes with
+// Finish, once the IPAM is done with the claim. A hand-over cannot slip in between: its patch
+// refuses a claim being deleted.
 func Release(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
-	if claim.DeletionTimestamp.IsZero() {
-		obj := Metadata(claim.GroupVersionKind())
-		obj.SetNamespace(claim.Namespace)
-		obj.SetName(claim.Name)
-		err := c.Delete(ctx, obj, client.Preconditions{UID: &claim.UID, ResourceVersion: &claim.ResourceVersion})
-		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
+	obj := Metadata(claim.GroupVersionKind())
+	obj.SetNamespace(claim.Namespace)
+	obj.SetName(claim.Name)
+	err := c.Delete(ctx, obj, client.Preconditions{UID: &claim.UID, ResourceVersion: &claim.ResourceVersion})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return false, nil
 	}
-	return Finish(ctx, c, claim)
+	return err == nil, err
 }
 
 // Finish removes CAPM3's finalizer from a waiting claim that is being deleted, as CAPM3 does for

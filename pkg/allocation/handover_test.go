@@ -3,6 +3,7 @@ package allocation
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -177,11 +178,18 @@ func ptrTo[T any](v T) *T { return &v }
 
 func TestRelease(t *testing.T) {
 	ctx := context.Background()
-	t.Run("a waiting claim is deleted and loses CAPM3's finalizer", func(t *testing.T) {
+	t.Run("a waiting claim is deleted; CAPM3's finalizer goes with Finish", func(t *testing.T) {
 		c := fixtures.NewClient([]client.Object{waitingClaim("t1", nil)}, ptrTo(fixtures.APIServerPatchErrors(interceptor.Funcs{})))
 		released, err := Release(ctx, c, claimMetadata(t, c))
 		if !released || err != nil {
 			t.Fatalf("Release = %v, %v", released, err)
+		}
+		got := getClaim(t, c)
+		if got == nil || got.DeletionTimestamp.IsZero() || !slices.Contains(got.Finalizers, infrav1.DataFinalizer) {
+			t.Fatalf("after Release: %v", got)
+		}
+		if finished, err := Finish(ctx, c, claimMetadata(t, c)); !finished || err != nil {
+			t.Fatalf("Finish = %v, %v", finished, err)
 		}
 		if got := getClaim(t, c); got != nil {
 			t.Errorf("claim still there: %v", got)
@@ -201,21 +209,17 @@ func TestRelease(t *testing.T) {
 			t.Errorf("claim was touched: %v", got)
 		}
 	})
-	t.Run("a hand-over between the delete and the finalizer removal keeps the finalizer", func(t *testing.T) {
-		handOverAfterDelete := interceptor.Funcs{Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
-			if err := c.Delete(ctx, obj, opts...); err != nil {
-				return err
-			}
-			return ownedMeanwhile(ctx, c, obj.GetName())
-		}}
-		c := fixtures.NewClient([]client.Object{waitingClaim("t1", nil)}, ptrTo(fixtures.APIServerPatchErrors(handOverAfterDelete)))
-		released, err := Release(ctx, c, claimMetadata(t, c))
-		if released || err != nil {
+	t.Run("no hand-over follows the delete", func(t *testing.T) {
+		c := fixtures.NewClient([]client.Object{waitingClaim("t1", nil)}, ptrTo(fixtures.APIServerPatchErrors(interceptor.Funcs{})))
+		if released, err := Release(ctx, c, claimMetadata(t, c)); !released || err != nil {
 			t.Fatalf("Release = %v, %v", released, err)
 		}
-		got := getClaim(t, c)
-		if got == nil || len(got.Finalizers) != 1 || len(got.OwnerReferences) != 1 {
-			t.Fatalf("a handed-over claim lost its finalizer: %v", got)
+		handed, err := HandOver(ctx, c, storedData(), ClaimRef{Kind: KindIPClaim, Name: "tmpl-0-a"}, "t1", nil)
+		if handed || err != nil {
+			t.Fatalf("HandOver of a released claim = %v, %v", handed, err)
+		}
+		if got := getClaim(t, c); got == nil || len(got.OwnerReferences) != 0 {
+			t.Fatalf("released claim owned: %v", got)
 		}
 	})
 	t.Run("a delete that times out is an error", func(t *testing.T) {

@@ -183,8 +183,12 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("first look: %v %v exists=%v", res, err, exists(c))
 		}
 		time.Sleep(res.RequeueAfter)
-		if _, err := r.Reconcile(ctx, req); err != nil || exists(c) {
+		if _, err := r.Reconcile(ctx, req); err != nil || !exists(c) {
 			t.Fatalf("after the grace period: %v exists=%v", err, exists(c))
+		}
+		// Deleted: its deletion is the next event, and CAPM3's finalizer goes.
+		if _, err := r.Reconcile(ctx, req); err != nil || exists(c) {
+			t.Fatalf("once deleted: %v exists=%v", err, exists(c))
 		}
 	})
 	t.Run("a reclaimed claim starts its grace period again", func(t *testing.T) {
