@@ -165,14 +165,7 @@ func runLeaderLoss(ctx context.Context, sc *scenario) {
 		taps = append(taps, t)
 	}
 	defer func() {
-		for i := range rs.Len() {
-			rs.StopReplica(i)
-			rs.SetKubeconfig(i, rs.DefaultKubeconfig())
-			if err := rs.Restart(i); err != nil {
-				sc.t.Error(err)
-			}
-		}
-		ensureReplicas(ctx, sc.t)
+		reconnectDirectly(ctx, sc.t)
 		sc.touch()
 		for _, t := range taps {
 			t.close()

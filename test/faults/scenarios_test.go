@@ -86,6 +86,20 @@ func (sc *scenario) worlds(ctx context.Context, total, perNamespace int, share f
 }
 
 // ensureReplicas restarts the replicas that are down and waits until both are ready.
+// reconnectDirectly points every replica at the API server again, as the scenarios after a
+// proxied one expect, and waits for them.
+func reconnectDirectly(ctx context.Context, t *testing.T) {
+	rs := cp.Replicas
+	for i := range rs.Len() {
+		rs.StopReplica(i)
+		rs.SetKubeconfig(i, rs.DefaultKubeconfig())
+		if err := rs.Restart(i); err != nil {
+			t.Error(err)
+		}
+	}
+	ensureReplicas(ctx, t)
+}
+
 func ensureReplicas(ctx context.Context, t *testing.T) {
 	rs := cp.Replicas
 	for i := range rs.Len() {
@@ -528,15 +542,7 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 		proxies = append(proxies, p)
 	}
 	defer func() {
-		// Back to direct connections for the scenarios after this one.
-		for i := range rs.Len() {
-			rs.StopReplica(i)
-			rs.SetKubeconfig(i, rs.DefaultKubeconfig())
-			if err := rs.Restart(i); err != nil {
-				sc.t.Error(err)
-			}
-		}
-		ensureReplicas(ctx, sc.t)
+		reconnectDirectly(ctx, sc.t)
 		for _, p := range proxies {
 			p.Close()
 		}

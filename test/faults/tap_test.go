@@ -4,20 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
-	"log"
-	"net"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"github.com/metal3-community/ip-preallocator/test/harness"
 )
 
 // apiTap is a pass-through proxy between one webhook replica and the API server. It tells which
@@ -30,7 +23,7 @@ import (
 type apiTap struct {
 	replica    int
 	kubeconfig string
-	srv        *http.Server
+	proxy      *harness.LoopbackProxy
 
 	hold    atomic.Bool
 	release chan struct{}
@@ -44,54 +37,19 @@ type apiTap struct {
 }
 
 func startAPITap(name string, replica int, upstreamKubeconfig string) (*apiTap, error) {
-	upstream, err := clientcmd.BuildConfigFromFlags("", upstreamKubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	transport, err := rest.TransportFor(upstream)
-	if err != nil {
-		return nil, err
-	}
-	target, err := url.Parse(upstream.Host)
-	if err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
 	t := &apiTap{replica: replica, release: make(chan struct{}), creates: map[string]time.Time{}, handOvers: map[string]time.Time{}}
-	proxy := &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) {
-			r.SetURL(target)
-			r.Out.Host = target.Host
-		},
-		Transport:     transport,
-		FlushInterval: -1,
-		ErrorLog:      log.New(io.Discard, "", 0),
-	}
-	t.srv = &http.Server{ //nolint:gosec // loopback test server.
-		Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.serve(w, r, proxy) }),
-		ErrorLog: log.New(io.Discard, "", 0),
-	}
-	go func() { _ = t.srv.Serve(l) }()
-
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: "http://" + l.Addr().String()}
-	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{}
-	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
-	cfg.CurrentContext = name
-	t.kubeconfig = filepath.Join(logDir, name+".kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, t.kubeconfig); err != nil {
-		t.close()
+	proxy, err := harness.StartLoopbackProxy(logDir, name, upstreamKubeconfig, t.serve)
+	if err != nil {
 		return nil, err
 	}
+	t.proxy = proxy
+	t.kubeconfig = proxy.Kubeconfig
 	return t, nil
 }
 
 func (t *apiTap) close() {
 	t.stopHolding()
-	_ = t.srv.Close()
+	t.proxy.Close()
 }
 
 // holdHandOvers makes the tap hold every hand-over patch from now on.

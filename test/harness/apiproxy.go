@@ -4,23 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // Faults says which share of the requests through a FaultProxy fail, and how. Each share is of
@@ -59,14 +51,11 @@ func (c FaultCounts) String() string {
 // (its client certificate), so RBAC applies as without it; its own Kubeconfig points at it over
 // plain HTTP on loopback.
 type FaultProxy struct {
-	// Kubeconfig is a kubeconfig file whose server is the proxy.
-	Kubeconfig string
-	URL        string
+	*LoopbackProxy
 
 	faults                                       atomic.Pointer[Faults]
 	requests, tooMany, internal, resets, delayed atomic.Int64
 
-	srv *http.Server
 	mu  sync.Mutex
 	rng *rand.Rand
 }
@@ -75,51 +64,13 @@ type FaultProxy struct {
 // upstreamKubeconfig, and writes <name>.kubeconfig in the control plane's directory. It injects
 // nothing until Set.
 func (cp *ControlPlane) StartFaultProxy(name, upstreamKubeconfig string, seed uint64) (*FaultProxy, error) {
-	upstream, err := clientcmd.BuildConfigFromFlags("", upstreamKubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	transport, err := rest.TransportFor(upstream)
-	if err != nil {
-		return nil, err
-	}
-	target, err := url.Parse(upstream.Host)
-	if err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	p := &FaultProxy{URL: "http://" + l.Addr().String(), rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	p := &FaultProxy{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 	p.faults.Store(&Faults{})
-	proxy := &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) {
-			r.SetURL(target)
-			r.Out.Host = target.Host
-		},
-		Transport: transport,
-		// Watches stream: every event goes through at once.
-		FlushInterval: -1,
-		// Aborted watches and injected resets are expected here, not news.
-		ErrorLog: log.New(io.Discard, "", 0),
-	}
-	p.srv = &http.Server{
-		Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, proxy) }),
-		ErrorLog: log.New(io.Discard, "", 0),
-	}
-	go func() { _ = p.srv.Serve(l) }()
-
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: p.URL}
-	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{}
-	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
-	cfg.CurrentContext = name
-	p.Kubeconfig = filepath.Join(cp.Dir, name+".kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, p.Kubeconfig); err != nil {
-		p.Close()
+	proxy, err := StartLoopbackProxy(cp.Dir, name, upstreamKubeconfig, p.serve)
+	if err != nil {
 		return nil, err
 	}
+	p.LoopbackProxy = proxy
 	return p, nil
 }
 
@@ -140,7 +91,6 @@ func (p *FaultProxy) Counts() FaultCounts {
 }
 
 // Close stops the proxy and ends the connections through it.
-func (p *FaultProxy) Close() { _ = p.srv.Close() }
 
 func (p *FaultProxy) draw() float64 {
 	p.mu.Lock()
