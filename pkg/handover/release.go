@@ -57,7 +57,7 @@ type Release struct {
 	GracePeriod   time.Duration
 	HandOverDelay time.Duration
 	// FinishDelay is how long a waiting claim that is being deleted keeps CAPM3's finalizer
-	// while the IPAM has none on it, so that the IPAM sees the deletion (see Reconcile).
+	// while the IPAM has none on it, so that an allocation in flight ends (see Reconcile).
 	FinishDelay time.Duration
 	// ClaimGVK is the claim kind this instance watches.
 	ClaimGVK schema.GroupVersionKind
@@ -187,15 +187,15 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		if r.TakeOver {
 			return ctrl.Result{}, nil
 		}
-		// The IPAM may be allocating: a claim gone before it saw the deletion leaves it an
-		// IPAddress nobody releases. Its finalizer, once it has one, says when it is done (its
-		// removal is an event); without one, its pool reconcile gets FinishDelay to see the
-		// deletion.
-		if others := slices.DeleteFunc(slices.Clone(claim.Finalizers), func(f string) bool { return f == infrav1.DataFinalizer }); len(others) > 0 {
-			return ctrl.Result{RequeueAfter: r.FinishDelay}, nil
-		}
-		if wait := r.FinishDelay - r.deletingFor(req.NamespacedName, claim); wait > 0 {
-			return ctrl.Result{RequeueAfter: wait}, nil
+		// The IPAM may be allocating: a claim gone before the IPAM stored its finalizer on it
+		// leaves an IPAddress nobody releases. Once the IPAM's finalizer is there, the IPAM waits
+		// for ours to go before it frees the address (the Metal3 IPAM deletes an IPAddress only
+		// when its own is the claim's last finalizer); before, it gets FinishDelay from the
+		// deletion to finish what it started.
+		if others := slices.DeleteFunc(slices.Clone(claim.Finalizers), func(f string) bool { return f == infrav1.DataFinalizer }); len(others) == 0 {
+			if wait := r.FinishDelay - r.deletingFor(req.NamespacedName, claim); wait > 0 {
+				return ctrl.Result{RequeueAfter: wait}, nil
+			}
 		}
 		logger.Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
 		_, err := allocation.Finish(ctx, r.Client, claim)
