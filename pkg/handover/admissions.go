@@ -82,10 +82,16 @@ func (a *Admissions) Start(ctx context.Context) error {
 // NeedLeaderElection is false: every replica admits.
 func (a *Admissions) NeedLeaderElection() bool { return false }
 
+// streamSendWait bounds the wait for the create requests in a stream: writing them takes well
+// under a millisecond unless the client's rate limiter holds them, and then a longer wait would
+// only hold one of the API server's in-flight requests, which the creates need too.
+const streamSendWait = 50 * time.Millisecond
+
 // Admitted records this replica's admission of the Metal3Data key: claims it recorded under the
 // admission token, created now, and a warning for the operator. It returns once the claims are
 // stored when the admission follows a pause, and once their create requests are on the wire when
-// it follows the previous one within StreamWindow; in both cases within Wait, or when ctx ends.
+// it follows the previous one within StreamWindow (then at most streamSendWait); in both cases
+// within Wait, or when ctx ends.
 //
 // In a stream (CAPM3's template controller creates the Metal3Data of a template one after
 // another) every write admission waited for would be paid once per machine, in series; sending
@@ -121,11 +127,11 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 		defer close(stored)
 		a.create(key, token, claims, onWire.Done)
 	})
-	ready := stored
+	ready, limit := stored, a.Wait
 	if stream {
-		ready = sent
+		ready, limit = sent, min(a.Wait, streamSendWait)
 	}
-	wait := time.NewTimer(a.Wait)
+	wait := time.NewTimer(limit)
 	defer wait.Stop()
 	select {
 	case <-ready:
