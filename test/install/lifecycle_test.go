@@ -570,10 +570,14 @@ func (w *world) rejectSome(t *testing.T, n int) []string {
 			}
 			return nil
 		})
-		claims := w.claimsOf(t, data.Name)
-		if len(claims) != 3 {
-			t.Fatalf("rejected Metal3Data %s left %d claims, want 3", data.Name, len(claims))
-		}
+		// The webhook answers a stream of admissions once their creates are sent, not stored.
+		var claims []metav1.PartialObjectMetadata
+		harness.Eventually(t, 10*time.Second, func() error {
+			if claims = w.claimsOf(t, data.Name); len(claims) != 3 {
+				return fmt.Errorf("rejected Metal3Data %s left %d claims, want 3", data.Name, len(claims))
+			}
+			return nil
+		})
 		for _, c := range claims {
 			names = append(names, c.Kind+"/"+c.Name)
 		}
