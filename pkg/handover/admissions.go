@@ -16,12 +16,11 @@ import (
 )
 
 // Admissions remembers what this replica decided when it admitted a Metal3Data, and creates the
-// claims an admission recorded once the admission is answered: the template controller of CAPM3
-// creates Metal3Data one after another, so every write admission waited for would be paid once
-// per machine. This replica then hands the claims over itself as soon as the Metal3Data is stored
-// and they exist (the hand-over of a live replica never waits for the lease, and every other
-// replica leaves those Metal3Data alone). A warning for the operator can only be recorded as an
-// Event once the Metal3Data exists, so it waits here too.
+// claims an admission recorded, in the background: the admission waits for them only as long as
+// Admitted says. This replica then hands the claims over itself as soon as the Metal3Data is
+// stored and they exist (the hand-over of a live replica never waits for the lease, and every
+// other replica leaves those Metal3Data alone). A warning for the operator can only be recorded as
+// an Event once the Metal3Data exists, so it waits here too.
 //
 // It is a manager Runnable: on shutdown it lets the creations in flight finish, within their
 // timeout.
