@@ -82,14 +82,14 @@ func TestCompareRatiosAndNoise(t *testing.T) {
 }
 
 func TestRaisedLimitsBurstBand(t *testing.T) {
-	q := Comparison{Setting: "raised-limits", Scenario: "burst", NoiseTotal: 0.2,
+	q := Comparison{Setting: "raised-limits", Scenario: "burst", NoiseTotal: 0.1,
 		Ratios: []Ratio{newRatio(ratioTotal, []float64{1.1, 1.2, 1.3})}}
-	if _, allowed, err := raisedLimitsBurstVerdict(q); err != nil || allowed != 1.2 {
-		t.Errorf("1.20 against a band of 1.20: %v (allowed %.2f)", err, allowed)
+	if _, allowed, err := raisedLimitsBurstVerdict(q); err != nil || math.Abs(allowed-1.2) > 1e-9 {
+		t.Errorf("1.20 against twice a band of 0.10: %v (allowed %.2f)", err, allowed)
 	}
 	q.Ratios = []Ratio{newRatio(ratioTotal, []float64{1.2, 1.3, 1.4})}
 	if _, _, err := raisedLimitsBurstVerdict(q); err == nil {
-		t.Error("1.30 against a band of 1.20 passed")
+		t.Error("1.30 against twice a band of 0.10 passed")
 	}
 	q.NoiseTotal = 0
 	if _, _, err := raisedLimitsBurstVerdict(q); err == nil {
