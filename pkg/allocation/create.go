@@ -197,7 +197,7 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 			return nil
 		}
 		full.GetObjectKind().SetGroupVersionKind(claim.GVK())
-		return Reclaim(ctx, c.Client, full, token)
+		return Reclaim(ctx, c.Client, full, token, claim.DataClaim)
 	})
 	if err != nil {
 		return Result{Claim: claim, Name: name, Outcome: Failed, Err: fmt.Errorf("reclaiming %s %s: %w", claim.Kind(), name, err)}

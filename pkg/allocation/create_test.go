@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,6 +32,7 @@ func fakeClient(funcs *interceptor.Funcs, objs ...client.Object) client.WithWatc
 func plannedClaims() []Claim {
 	data := testData()
 	data.UID = ""
+	data.Spec.Claim = &infrav1.Metal3ObjectRef{Name: "m3m-0", Namespace: "ns"}
 	return Plan(data, []PoolRef{metal3("a"), metal3("b"), {Name: "capi", APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool"}}, "host", false)
 }
 
@@ -40,7 +42,7 @@ func existingIPClaim(name string, annotations map[string]string, owners ...metav
 
 // waitingIPClaim is a claim an earlier admission preallocated for dataName in pool.
 func waitingIPClaim(name, pool, dataName string) *ipamv1.IPClaim {
-	c := existingIPClaim(name, map[string]string{PreallocatedForAnnotation: dataName, AdmissionAnnotation: "earlier"})
+	c := existingIPClaim(name, map[string]string{PreallocatedForAnnotation: dataName, AdmissionAnnotation: "earlier", DataClaimAnnotation: "m3m-earlier"})
 	c.Spec.Pool = corev1.ObjectReference{Name: pool, Namespace: "ns"}
 	return c
 }
@@ -128,7 +130,9 @@ func TestCreate(t *testing.T) {
 				if err := c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: r.Name}, obj); err != nil {
 					t.Fatal(err)
 				}
-				if obj.GetAnnotations()[PreallocatedForAnnotation] != "tmpl-0" || obj.GetAnnotations()[AdmissionAnnotation] != "this-admission" ||
+				// A reused claim names the Metal3DataClaim of this admission, not the earlier one's.
+				ann := obj.GetAnnotations()
+				if ann[PreallocatedForAnnotation] != "tmpl-0" || ann[AdmissionAnnotation] != "this-admission" || ann[DataClaimAnnotation] != "m3m-0" ||
 					len(obj.GetOwnerReferences()) != 0 {
 					t.Errorf("%s %s as %v", r.Name, r.Outcome, obj)
 				}

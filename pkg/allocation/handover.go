@@ -115,7 +115,7 @@ func HandOver(ctx context.Context, c client.Writer, data metav1.Object, ref Clai
 	own := jsonpatch.NewOperation("add", "/metadata/ownerReferences", []metav1.OwnerReference{OwnerReference(data)})
 	removeKeys := slices.Concat(tests, []jsonpatch.Operation{
 		jsonpatch.NewOperation("remove", annotationPath(PreallocatedForAnnotation), nil),
-	})
+	}, removeIfPresent(DataClaimAnnotation))
 	if token != "" {
 		removeKeys = append(removeKeys, jsonpatch.NewOperation("remove", annotationPath(AdmissionAnnotation), nil))
 	}
@@ -145,8 +145,18 @@ func onlyOurs(annotations map[string]string) bool {
 		return false
 	}
 	return !slices.ContainsFunc(slices.Collect(maps.Keys(annotations)), func(k string) bool {
-		return k != PreallocatedForAnnotation && k != AdmissionAnnotation
+		return k != PreallocatedForAnnotation && k != AdmissionAnnotation && k != DataClaimAnnotation
 	})
+}
+
+// removeIfPresent removes an annotation whether or not the claim has it (claims preallocated by
+// an earlier version have no DataClaimAnnotation): JSON patch removes only what exists, and adds
+// over what exists. The annotations map must exist, as the waiting tests make sure.
+func removeIfPresent(key string) []jsonpatch.Operation {
+	return []jsonpatch.Operation{
+		jsonpatch.NewOperation("add", annotationPath(key), ""),
+		jsonpatch.NewOperation("remove", annotationPath(key), nil),
+	}
 }
 
 // Release frees a claim preallocated for a Metal3Data that is not stored, so that the IPAM returns
@@ -209,16 +219,20 @@ func FinishOrphan(ctx context.Context, c client.Writer, claim *metav1.PartialObj
 	return err == nil, err
 }
 
-// Reclaim marks a waiting claim as claimed by a new admission, token, while it is unchanged since
-// it was read (resourceVersion), so that the release grace period starts again and the hand-over
-// is bound to the new admission.
-func Reclaim(ctx context.Context, c client.Writer, claim client.Object, token string) error {
-	key := annotationPath(AdmissionAnnotation)
+// Reclaim marks a waiting claim as claimed by a new admission, token, for the Metal3DataClaim
+// dataClaim (if any), while it is unchanged since it was read (resourceVersion), so that the
+// release grace period starts again and the hand-over is bound to the new admission.
+func Reclaim(ctx context.Context, c client.Writer, claim client.Object, token, dataClaim string) error {
 	ops := []jsonpatch.Operation{
 		jsonpatch.NewOperation("test", "/metadata/resourceVersion", claim.GetResourceVersion()),
 		jsonpatch.NewOperation("test", annotationPath(PreallocatedForAnnotation), claim.GetAnnotations()[PreallocatedForAnnotation]),
 		{Operation: "test", Path: "/metadata/ownerReferences"},
-		jsonpatch.NewOperation("add", key, token),
+		jsonpatch.NewOperation("add", annotationPath(AdmissionAnnotation), token),
+	}
+	if dataClaim != "" {
+		ops = append(ops, jsonpatch.NewOperation("add", annotationPath(DataClaimAnnotation), dataClaim))
+	} else {
+		ops = append(ops, removeIfPresent(DataClaimAnnotation)...)
 	}
 	return patch(ctx, c, claim.GetObjectKind().GroupVersionKind(), claim.GetNamespace(), claim.GetName(), ops)
 }

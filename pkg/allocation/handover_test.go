@@ -98,6 +98,17 @@ func TestHandOver(t *testing.T) {
 			wantHanded: true,
 		},
 		{
+			name: "the Metal3DataClaim's name goes too", claim: waitingClaim("t1", map[string]string{DataClaimAnnotation: "m3m-0"}), token: "t1",
+			annotations: map[string]string{PreallocatedForAnnotation: "tmpl-0", AdmissionAnnotation: "t1", DataClaimAnnotation: "m3m-0"},
+			wantHanded:  true,
+		},
+		{
+			name: "the Metal3DataClaim's name goes with our keys when the guess is wrong", token: "t1",
+			claim:       waitingClaim("t1", map[string]string{DataClaimAnnotation: "m3m-0", "keep": "me"}),
+			annotations: map[string]string{PreallocatedForAnnotation: "tmpl-0", AdmissionAnnotation: "t1"},
+			wantHanded:  true, wantAnnotations: map[string]string{"keep": "me"},
+		},
+		{
 			name: "without a token, the caller read the Metal3Data live", claim: waitingClaim("t1", nil),
 			wantHanded: true, wantAnnotations: map[string]string{AdmissionAnnotation: "t1"},
 		},
@@ -198,7 +209,7 @@ func TestRelease(t *testing.T) {
 	t.Run("a claim changed since it was read is left alone", func(t *testing.T) {
 		c := fixtures.NewClient([]client.Object{waitingClaim("t1", nil)}, ptrTo(fixtures.APIServerPatchErrors(interceptor.Funcs{})))
 		read := claimMetadata(t, c)
-		if err := Reclaim(ctx, c, getClaimAsObject(t, c), "t2"); err != nil {
+		if err := Reclaim(ctx, c, getClaimAsObject(t, c), "t2", ""); err != nil {
 			t.Fatal(err)
 		}
 		released, err := Release(ctx, c, read)

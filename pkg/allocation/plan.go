@@ -29,6 +29,10 @@ const (
 	// claim, on the claim and in the record on the Metal3Data: it binds the hand-over to the object
 	// that admission produced, and its change restarts the release grace period.
 	AdmissionAnnotation = "ip-preallocator.metal3.io/admission"
+	// DataClaimAnnotation names, on a waiting claim, the Metal3DataClaim its Metal3Data answers:
+	// while that one still waits for data, CAPM3's template controller retries the create and a
+	// retried admission reclaims the claim, so it is not released.
+	DataClaimAnnotation = "ip-preallocator.metal3.io/data-claim"
 	// ClaimsAnnotation on a Metal3Data lists the claims preallocated for it, as kind/name pairs
 	// separated by commas.
 	ClaimsAnnotation = "ip-preallocator.metal3.io/claims"
@@ -55,6 +59,8 @@ type Claim struct {
 	// Lookup holds the names CAPM3 looks for, in order, before it creates the claim: when one of
 	// them exists, CAPM3 uses that claim as it is and creates nothing.
 	Lookup []string
+	// DataClaim is the name of the Metal3DataClaim the Metal3Data answers, if it names one.
+	DataClaim string
 }
 
 // Kind is the claim's kind, IPClaim or IPAddressClaim.
@@ -70,8 +76,8 @@ func (c Claim) GVK() schema.GroupVersionKind {
 
 // Preallocated is the claim as the webhook creates it before the Metal3Data exists: no owner
 // reference, since the Metal3Data has no UID yet and an owner that is not stored makes the
-// garbage collector delete the claim, and the PreallocatedForAnnotation and AdmissionAnnotation
-// (token) instead. The finalizer keeps the claim until it is handed over or released.
+// garbage collector delete the claim, and the PreallocatedForAnnotation, AdmissionAnnotation
+// (token) and DataClaimAnnotation instead. The finalizer keeps the claim until it is handed over or released.
 func (c Claim) Preallocated(token string) client.Object {
 	obj, _ := c.Object.DeepCopyObject().(client.Object)
 	obj.SetOwnerReferences(nil)
@@ -81,6 +87,9 @@ func (c Claim) Preallocated(token string) client.Object {
 	}
 	ann[PreallocatedForAnnotation] = c.Object.GetOwnerReferences()[0].Name
 	ann[AdmissionAnnotation] = token
+	if c.DataClaim != "" {
+		ann[DataClaimAnnotation] = c.DataClaim
+	}
 	obj.SetAnnotations(ann)
 	return obj
 }
@@ -112,6 +121,10 @@ func ClaimName(owner, pool string) string {
 // --enable-bmh-name-based-preallocation), namespace, labels, finalizer, owner reference and spec.
 func Plan(data *infrav1.Metal3Data, pools []PoolRef, bmhName string, bmhNameBased bool) []Claim {
 	claims := make([]Claim, 0, len(pools))
+	var dataClaim string
+	if data.Spec.Claim != nil && (data.Spec.Claim.Namespace == "" || data.Spec.Claim.Namespace == data.Namespace) {
+		dataClaim = data.Spec.Claim.Name
+	}
 	for _, pool := range pools {
 		meta := metav1.ObjectMeta{
 			Name:            ClaimName(data.Name, pool.Name),
@@ -125,8 +138,9 @@ func Plan(data *infrav1.Metal3Data, pools []PoolRef, bmhName string, bmhNameBase
 			// so an IPAddressClaim carries the data-name and pool-name labels of whichever Metal3
 			// pool its random map iteration visited first, or none; we give it none.
 			claims = append(claims, Claim{
-				Pool:   pool,
-				Lookup: []string{meta.Name},
+				Pool:      pool,
+				Lookup:    []string{meta.Name},
+				DataClaim: dataClaim,
 				Object: &capipamv1.IPAddressClaim{
 					TypeMeta:   metav1.TypeMeta{APIVersion: IPAddressClaimGVK.GroupVersion().String(), Kind: KindIPAddressClaim},
 					ObjectMeta: meta,
@@ -150,8 +164,9 @@ func Plan(data *infrav1.Metal3Data, pools []PoolRef, bmhName string, bmhNameBase
 			meta.Labels[PoolLabelName] = pool.Name
 		}
 		claims = append(claims, Claim{
-			Pool:   pool,
-			Lookup: lookup,
+			Pool:      pool,
+			Lookup:    lookup,
+			DataClaim: dataClaim,
 			Object: &ipamv1.IPClaim{
 				TypeMeta:   metav1.TypeMeta{APIVersion: IPClaimGVK.GroupVersion().String(), Kind: KindIPClaim},
 				ObjectMeta: meta,

@@ -88,13 +88,19 @@ func TestPlanEachClaimCarriesItsOwnPoolLabel(t *testing.T) {
 func TestPreallocated(t *testing.T) {
 	data := testData()
 	data.UID = ""
+	data.Spec.Claim = &infrav1.Metal3ObjectRef{Name: "m3m-0", Namespace: "ns"}
 	claim := Plan(data, []PoolRef{metal3("m3")}, "host", false)[0]
 	got := claim.Preallocated("admission-uid")
 	if len(got.GetOwnerReferences()) != 0 {
 		t.Errorf("owner references: %v", got.GetOwnerReferences())
 	}
-	if got.GetAnnotations()[PreallocatedForAnnotation] != "tmpl-0" || got.GetAnnotations()[AdmissionAnnotation] != "admission-uid" {
-		t.Errorf("annotations: %v", got.GetAnnotations())
+	want := map[string]string{PreallocatedForAnnotation: "tmpl-0", AdmissionAnnotation: "admission-uid", DataClaimAnnotation: "m3m-0"}
+	if diff := fixtures.Diff(want, got.GetAnnotations()); diff != "" {
+		t.Errorf("annotations (-want +got):\n%s", diff)
+	}
+	data.Spec.Claim.Namespace = "elsewhere"
+	if _, ok := Plan(data, []PoolRef{metal3("m3")}, "host", false)[0].Preallocated("t").GetAnnotations()[DataClaimAnnotation]; ok {
+		t.Error("a Metal3DataClaim in another namespace is named")
 	}
 	if len(claim.Object.GetOwnerReferences()) != 1 || claim.Object.GetAnnotations() != nil {
 		t.Errorf("Preallocated modified the plan: %v", claim.Object)

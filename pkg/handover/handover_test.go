@@ -44,6 +44,7 @@ func claim(name, token string) *ipamv1.IPClaim {
 func newClient(funcs interceptor.Funcs, objs ...client.Object) client.WithWatch {
 	return fake.NewClientBuilder().WithScheme(fixtures.Scheme()).WithObjects(objs...).
 		WithIndex(allocation.Metadata(allocation.IPClaimGVK), waitingForIndex, waitingForValue).
+		WithIndex(allocation.Metadata(allocation.IPClaimGVK), heldForIndex, heldForValue).
 		WithInterceptorFuncs(fixtures.APIServerPatchErrors(funcs)).Build()
 }
 
@@ -192,6 +193,45 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("once deleted: %v exists=%v", err, exists(c))
 		}
 	})
+	t.Run("kept while its Metal3DataClaim waits for data, within the hold limit", func(t *testing.T) {
+		planned := claim("tmpl-0-a", "t1")
+		planned.Annotations[allocation.DataClaimAnnotation] = "m3m-0"
+		dataClaim := &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m3m-0"}}
+		c := newClient(interceptor.Funcs{}, planned, dataClaim)
+		r := newRelease(c, c, 0, 0)
+		r.HoldLimit = time.Hour
+		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || !exists(c) {
+			t.Fatalf("while its Metal3DataClaim waits: %v %v exists=%v", res, err, exists(c))
+		}
+		// CAPM3 created its Metal3Data under another name: the claim is nobody's.
+		dataClaim.Status.RenderedData = &infrav1.Metal3ObjectRef{Name: "tmpl-1", Namespace: "ns"}
+		if err := c.Update(ctx, dataClaim); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Reconcile(ctx, req); err != nil || !isDeleting(t, c) {
+			t.Fatalf("once its Metal3DataClaim has data: %v", err)
+		}
+
+		gone := newClient(interceptor.Funcs{}, planned)
+		r = newRelease(gone, gone, 0, 0)
+		r.HoldLimit = time.Hour
+		if _, err := r.Reconcile(ctx, req); err != nil || !isDeleting(t, gone) {
+			t.Fatalf("without its Metal3DataClaim: %v", err)
+		}
+
+		waiting := &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m3m-0"}}
+		limited := newClient(interceptor.Funcs{}, planned, waiting)
+		r = newRelease(limited, limited, 0, 0)
+		r.HoldLimit = 200 * time.Millisecond
+		res, err := r.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > r.HoldLimit {
+			t.Fatalf("within the hold limit: %v %v", res, err)
+		}
+		time.Sleep(res.RequeueAfter)
+		if _, err := r.Reconcile(ctx, req); err != nil || !isDeleting(t, limited) {
+			t.Fatalf("after the hold limit: %v", err)
+		}
+	})
 	t.Run("a reclaimed claim starts its grace period again", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
 		r := newRelease(c, c, 300*time.Millisecond, 0)
@@ -204,7 +244,7 @@ func TestRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 		obj.SetGroupVersionKind(allocation.IPClaimGVK)
-		if err := allocation.Reclaim(ctx, c, obj, "t2"); err != nil {
+		if err := allocation.Reclaim(ctx, c, obj, "t2", ""); err != nil {
 			t.Fatal(err)
 		}
 		res, err := r.Reconcile(ctx, req)
@@ -304,6 +344,30 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("err=%v exists=%v", err, exists(c))
 		}
 	})
+}
+
+// isDeleting tells whether the claim tmpl-0-a was released: deleted, kept by CAPM3's finalizer.
+func isDeleting(t *testing.T, c client.Reader) bool {
+	t.Helper()
+	got := &ipamv1.IPClaim{}
+	if err := c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "tmpl-0-a"}, got); err != nil {
+		return apierrors.IsNotFound(err)
+	}
+	return !got.DeletionTimestamp.IsZero()
+}
+
+func TestClaimsHeldFor(t *testing.T) {
+	held := claim("tmpl-0-a", "t1")
+	held.Annotations[allocation.DataClaimAnnotation] = "m3m-0"
+	handed := claim("tmpl-0-c", "t1")
+	handed.Annotations[allocation.DataClaimAnnotation] = "m3m-0"
+	handed.OwnerReferences = []metav1.OwnerReference{{Kind: "Metal3Data", Name: "tmpl-0", UID: "data-uid"}}
+	c := newClient(interceptor.Funcs{}, held, handed, claim("tmpl-0-b", "t1"))
+	r := &Release{Client: c, ClaimGVK: allocation.IPClaimGVK}
+	dataClaim := &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m3m-0"}}
+	if reqs := r.claimsHeldFor(context.Background(), dataClaim); len(reqs) != 1 || reqs[0].Name != "tmpl-0-a" {
+		t.Fatalf("requests %v", reqs)
+	}
 }
 
 func TestClaimsWaitingFor(t *testing.T) {

@@ -30,8 +30,15 @@ import (
 // orphanRecheck is how often a claim being deleted is looked at again while its Metal3Data exists.
 const orphanRecheck = 30 * time.Second
 
-// waitingForIndex indexes claims that wait for a Metal3Data by its name.
-const waitingForIndex = "ip-preallocator.metal3.io/waiting-for"
+const (
+	// waitingForIndex indexes claims that wait for a Metal3Data by its name.
+	waitingForIndex = "ip-preallocator.metal3.io/waiting-for"
+	// heldForIndex indexes claims that wait for a Metal3Data by the Metal3DataClaim it answers.
+	heldForIndex = "ip-preallocator.metal3.io/held-for"
+)
+
+// dataClaimGVK is the version the release controller watches Metal3DataClaims in.
+var dataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 
 // Release finishes every claim still waiting for its Metal3Data. Two instances share the work.
 // On every replica (TakeOver), because a hand-over is safe from anywhere and must not wait for a
@@ -43,7 +50,9 @@ const waitingForIndex = "ip-preallocator.metal3.io/waiting-for"
 //
 // On the leader, because these remove or release:
 //   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
-//   - its Metal3Data is not stored GracePeriod after the last admission claimed it: released;
+//   - its Metal3Data is not stored GracePeriod after the last admission claimed it: released,
+//     unless the Metal3DataClaim it was planned for still waits for data, for at most HoldLimit
+//     more (see dataClaimWaits);
 //   - being deleted, owned by a Metal3Data that is gone: CAPM3's finalizer goes.
 //
 // Time is measured on this replica's clock from when it first saw the claim's current admission,
@@ -52,9 +61,12 @@ type Release struct {
 	Client client.Client
 	// APIReader confirms, live, that a Metal3Data is not stored before its claim is released,
 	// and reads the Metal3Data a claim is handed over to without a record.
-	APIReader     client.Reader
-	Recorder      events.EventRecorder
-	GracePeriod   time.Duration
+	APIReader   client.Reader
+	Recorder    events.EventRecorder
+	GracePeriod time.Duration
+	// HoldLimit bounds how long past GracePeriod a claim is kept while its Metal3DataClaim waits
+	// for data: a Metal3Data that is rejected for good must not hold addresses for ever.
+	HoldLimit     time.Duration
 	HandOverDelay time.Duration
 	// FinishDelay is how long a waiting claim that is being deleted keeps CAPM3's finalizer
 	// while the IPAM has none on it, so that an allocation in flight ends (see Reconcile).
@@ -88,10 +100,20 @@ func waitingForValue(o client.Object) []string {
 	return nil
 }
 
-// IndexWaitingFor indexes the claims of kind gvk by the Metal3Data they wait for; both instances
-// of Release use it.
+func heldForValue(o client.Object) []string {
+	if _, ok := waitingFor(o); ok && o.GetAnnotations()[allocation.DataClaimAnnotation] != "" {
+		return []string{o.GetAnnotations()[allocation.DataClaimAnnotation]}
+	}
+	return nil
+}
+
+// IndexWaitingFor indexes the claims of kind gvk by the Metal3Data they wait for and by the
+// Metal3DataClaim that one answers; both instances of Release use it.
 func IndexWaitingFor(ctx context.Context, mgr ctrl.Manager, gvk schema.GroupVersionKind) error {
-	return mgr.GetFieldIndexer().IndexField(ctx, allocation.Metadata(gvk), waitingForIndex, waitingForValue)
+	if err := mgr.GetFieldIndexer().IndexField(ctx, allocation.Metadata(gvk), waitingForIndex, waitingForValue); err != nil {
+		return err
+	}
+	return mgr.GetFieldIndexer().IndexField(ctx, allocation.Metadata(gvk), heldForIndex, heldForValue)
 }
 
 // SetupWithManager registers the controller: under leader election unless TakeOver.
@@ -110,21 +132,34 @@ func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if r.TakeOver {
 		name = "preallocation-takeover-"
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(name+r.ClaimGVK.Kind).
 		For(claim, builder.WithPredicates(waiting)).
 		// A stored Metal3Data is what a waiting claim waits for: look at its claims at once.
 		Watches(allocation.Metadata(Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
-			builder.WithPredicates(created)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(!r.TakeOver)}).
+			builder.WithPredicates(created))
+	if !r.TakeOver {
+		// A Metal3DataClaim that gets its data or goes ends the hold of the claims planned for it.
+		b = b.Watches(allocation.Metadata(dataClaimGVK), handler.EnqueueRequestsFromMapFunc(r.claimsHeldFor))
+	}
+	return b.WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(!r.TakeOver)}).
 		Complete(r)
 }
 
 func (r *Release) claimsWaitingFor(ctx context.Context, data client.Object) []reconcile.Request {
+	return r.claimsIndexed(ctx, data, waitingForIndex)
+}
+
+func (r *Release) claimsHeldFor(ctx context.Context, dataClaim client.Object) []reconcile.Request {
+	return r.claimsIndexed(ctx, dataClaim, heldForIndex)
+}
+
+// claimsIndexed lists the waiting claims of obj's namespace that index names obj in.
+func (r *Release) claimsIndexed(ctx context.Context, obj client.Object, index string) []reconcile.Request {
 	claims := &metav1.PartialObjectMetadataList{}
 	claims.SetGroupVersionKind(r.ClaimGVK.GroupVersion().WithKind(r.ClaimGVK.Kind + "List"))
-	if err := r.Client.List(ctx, claims, client.InNamespace(data.GetNamespace()), client.MatchingFields{waitingForIndex: data.GetName()}); err != nil {
-		log.FromContext(ctx).Error(err, "Cannot list claims waiting for Metal3Data", "Metal3Data", klog.KObj(data))
+	if err := r.Client.List(ctx, claims, client.InNamespace(obj.GetNamespace()), client.MatchingFields{index: obj.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "Cannot list waiting claims", obj.GetObjectKind().GroupVersionKind().Kind, klog.KObj(obj))
 		return nil
 	}
 	reqs := make([]reconcile.Request, len(claims.Items))
@@ -229,7 +264,41 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	if wait := r.GracePeriod - age; wait > 0 {
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
+	if hold := r.GracePeriod + r.HoldLimit - age; hold > 0 {
+		waits, err := r.dataClaimWaits(ctx, claim)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if waits {
+			logger.V(1).Info("Keeping a claim whose Metal3DataClaim still waits for data", r.ClaimGVK.Kind, klog.KObj(claim),
+				"Metal3DataClaim", klog.KRef(claim.Namespace, claim.Annotations[allocation.DataClaimAnnotation]))
+			// Its Metal3DataClaim's change or deletion is an event too; this is the bound.
+			return ctrl.Result{RequeueAfter: hold}, nil
+		}
+	}
 	return ctrl.Result{}, r.release(ctx, req.NamespacedName, dataName)
+}
+
+// dataClaimWaits tells, from a live read, whether the Metal3DataClaim a waiting claim was planned
+// for still exists without data. CAPM3's template controller then retries the Metal3Data's create
+// under the same name (the lowest free index), and the retried admission reclaims the claim.
+// Released instead, the claim would be created again under its name moments after the old one
+// went, and the Metal3 IPAM, which keys allocations by claim name in its cache, can answer that
+// with the address it just freed and hands out again: the same address twice.
+func (r *Release) dataClaimWaits(ctx context.Context, claim *metav1.PartialObjectMetadata) (bool, error) {
+	name := claim.Annotations[allocation.DataClaimAnnotation]
+	if name == "" {
+		return false, nil
+	}
+	dataClaim := &infrav1.Metal3DataClaim{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: name}, dataClaim)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return dataClaim.DeletionTimestamp.IsZero() && dataClaim.Status.RenderedData == nil, nil
 }
 
 // orphanOwner is the Metal3Data owner of a claim that is being deleted with CAPM3's finalizer: if

@@ -282,7 +282,12 @@ func runGate(ctx context.Context, sc *scenario) {
 			return
 		}
 		if !retried[key] {
+			// Its machine goes away: CAPM3 stops retrying, and the claims are released.
 			notRetried.Add(1)
+			retries.Go(func() {
+				time.Sleep(sc.random(0, gracePeriod*3/2))
+				deleteDataClaim(ctx, sc, m)
+			})
 			return
 		}
 		retries.Go(func() {
@@ -479,6 +484,7 @@ func runNamespaces(ctx context.Context, sc *scenario) {
 			}
 			sc.touch()
 			if sc.chance(0.5) {
+				deleteDataClaim(ctx, sc, m)
 				return
 			}
 			time.Sleep(sc.random(0, gracePeriod))
@@ -501,6 +507,16 @@ func runNamespaces(ctx context.Context, sc *scenario) {
 	sc.figure("%d namespaces deleted with %d claims waiting in them; %d waiting claims deleted by hand, %d of their Metal3Data accepted afterwards",
 		deleted.Load(), waitingAtDeletion.Load(), byHand.Load(), acceptedAfter.Load())
 	sc.admissionFigures()
+}
+
+// deleteDataClaim deletes the Metal3DataClaim of a machine whose Metal3Data is never created
+// again, as when the machine is deleted: while it waited for data, the Metal3Data's claims were
+// kept for CAPM3's retry.
+func deleteDataClaim(ctx context.Context, sc *scenario, m *fixtures.Machine) {
+	if err := cp.Client.Delete(ctx, m.DataClaim); client.IgnoreNotFound(err) != nil {
+		sc.t.Error(err)
+	}
+	sc.touch()
 }
 
 func claimObject(ns, name, pool string) client.Object {

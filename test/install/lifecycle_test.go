@@ -552,8 +552,9 @@ func (w *world) admit(ctx context.Context, reject bool) (*infrav1.Metal3Data, er
 	return m.Data, cp.Client.Create(ctx, m.Data)
 }
 
-// rejectSome admits n Metal3Data that the admission policy rejects and returns the claims
-// preallocated for them, which now wait.
+// rejectSome admits n Metal3Data that the admission policy rejects, deletes their
+// Metal3DataClaims (their machines are gone: nothing retries them, so their claims are not kept
+// past the grace period), and returns the claims preallocated for them, which now wait.
 func (w *world) rejectSome(t *testing.T, n int) []string {
 	t.Helper()
 	var names []string
@@ -580,6 +581,10 @@ func (w *world) rejectSome(t *testing.T, n int) []string {
 		})
 		for _, c := range claims {
 			names = append(names, c.Kind+"/"+c.Name)
+		}
+		dataClaim := &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: data.Namespace, Name: data.Spec.Claim.Name}}
+		if err := cp.Client.Delete(context.Background(), dataClaim); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if got := w.waiting(t); len(got) < len(names) {
