@@ -243,7 +243,7 @@ func run(ctx context.Context, o options) error {
 		for _, takeOver := range []bool{true, false} {
 			release := &handover.Release{
 				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
-				GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, HandOverDelay: o.handOverDelay, FinishDelay: 5 * time.Second,
+				GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, HandOverDelay: o.handOverDelay, FinishDelay: 15 * time.Second,
 				ClaimGVK: gvk, TakeOver: takeOver,
 			}
 			if err := release.SetupWithManager(mgr, o.concurrency); err != nil {

@@ -196,6 +196,7 @@ func TestRelease(t *testing.T) {
 	t.Run("kept while its Metal3DataClaim waits for data, within the hold limit", func(t *testing.T) {
 		planned := claim("tmpl-0-a", "t1")
 		planned.Annotations[allocation.DataClaimAnnotation] = "m3m-0"
+		planned.Finalizers = append(planned.Finalizers, "ipclaim.ipam.metal3.io")
 		dataClaim := &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m3m-0"}}
 		c := newClient(interceptor.Funcs{}, planned, dataClaim)
 		r := newRelease(c, c, 0, 0)
@@ -230,6 +231,25 @@ func TestRelease(t *testing.T) {
 		time.Sleep(res.RequeueAfter)
 		if _, err := r.Reconcile(ctx, req); err != nil || !isDeleting(t, limited) {
 			t.Fatalf("after the hold limit: %v", err)
+		}
+	})
+	t.Run("kept until the IPAM answered it, within the hold limit", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
+		r := newRelease(c, c, 0, 0)
+		r.HoldLimit = time.Hour
+		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || isDeleting(t, c) {
+			t.Fatalf("unanswered: %v %v", res, err)
+		}
+		answered := &ipamv1.IPClaim{}
+		if err := c.Get(ctx, req.NamespacedName, answered); err != nil {
+			t.Fatal(err)
+		}
+		answered.Finalizers = append(answered.Finalizers, "ipclaim.ipam.metal3.io")
+		if err := c.Update(ctx, answered); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Reconcile(ctx, req); err != nil || !isDeleting(t, c) {
+			t.Fatalf("answered: %v", err)
 		}
 	})
 	t.Run("a reclaimed claim starts its grace period again", func(t *testing.T) {

@@ -51,8 +51,8 @@ var dataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 // On the leader, because these remove or release:
 //   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
 //   - its Metal3Data is not stored GracePeriod after the last admission claimed it: released,
-//     unless the Metal3DataClaim it was planned for still waits for data, for at most HoldLimit
-//     more (see dataClaimWaits);
+//     but not before the IPAM answered it (see ipamAnswered) nor while the Metal3DataClaim it was
+//     planned for still waits for data (see dataClaimWaits), for at most HoldLimit more;
 //   - being deleted, owned by a Metal3Data that is gone: CAPM3's finalizer goes.
 //
 // Time is measured on this replica's clock from when it first saw the claim's current admission,
@@ -227,7 +227,7 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		// for ours to go before it frees the address (the Metal3 IPAM deletes an IPAddress only
 		// when its own is the claim's last finalizer); before, it gets FinishDelay from the
 		// deletion to finish what it started.
-		if others := slices.DeleteFunc(slices.Clone(claim.Finalizers), func(f string) bool { return f == infrav1.DataFinalizer }); len(others) == 0 {
+		if !ipamAnswered(claim) {
 			if wait := r.FinishDelay - r.deletingFor(req.NamespacedName, claim); wait > 0 {
 				return ctrl.Result{RequeueAfter: wait}, nil
 			}
@@ -265,6 +265,11 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	if hold := r.GracePeriod + r.HoldLimit - age; hold > 0 {
+		// The IPAM's answer is an event of the claim; this is the bound.
+		if !ipamAnswered(claim) {
+			logger.V(1).Info("Keeping a claim the IPAM has not answered yet", r.ClaimGVK.Kind, klog.KObj(claim))
+			return ctrl.Result{RequeueAfter: hold}, nil
+		}
 		waits, err := r.dataClaimWaits(ctx, claim)
 		if err != nil {
 			return ctrl.Result{}, err
@@ -277,6 +282,15 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 	}
 	return ctrl.Result{}, r.release(ctx, req.NamespacedName, dataName)
+}
+
+// ipamAnswered tells whether the IPAM has handled the claim: it adds its finalizer (the Metal3
+// IPAM with the address or an error, Cluster API IPAM providers their ReleaseAddress one) in the
+// write that answers it. Until then the IPAM may still be working from a list of claims it read
+// before the claim was deleted, and allocates for it: an IPAddress whose claim is gone, which
+// nobody releases and which keeps its namespace.
+func ipamAnswered(claim metav1.Object) bool {
+	return slices.ContainsFunc(claim.GetFinalizers(), func(f string) bool { return f != infrav1.DataFinalizer })
 }
 
 // dataClaimWaits tells, from a live read, whether the Metal3DataClaim a waiting claim was planned

@@ -68,6 +68,8 @@ func TestLifecycle(t *testing.T) {
 			"--webhook-host=127.0.0.1",
 			"--leader-election-namespace=" + namespace,
 			"--release-grace-period=" + gracePeriod.String(),
+			// No IPAM runs here, so no claim is ever answered: released after this limit.
+			"--release-hold-limit=5s",
 		},
 		// The first version keeps waiting claims for longer than the test runs, so that the
 		// claims its admissions leave certainly still wait when the second one takes over,
