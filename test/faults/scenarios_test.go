@@ -14,8 +14,10 @@ import (
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -38,6 +40,7 @@ func TestFaults(t *testing.T) {
 		{"concurrent", "Metal3Data created all at once, admitted by both replicas; one in twenty has a claim in the InClusterIPPool.", false, runConcurrent},
 		{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are.", true, runGate},
 		{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, runRecreate},
+		{"recreate-stock", "The recreate scenario in a namespace the webhook does not serve: stock CAPM3 and the Metal3 IPAM alone, as a baseline of what they do under the same churn. Its counts are reported, not asserted.", false, runRecreateStock},
 		{"namespaces", "Namespaces are deleted while claims preallocated for rejected Metal3Data wait; in another namespace, waiting claims are deleted by hand and half their Metal3Data are accepted afterwards.", true, runNamespaces},
 	} {
 		t.Run(s.name, func(t *testing.T) {
@@ -338,6 +341,57 @@ func generation(ctx context.Context, ns string, index, gen int) (*fixtures.Machi
 		m.Data.Spec.Claim.Name = m.DataClaim.Name
 	}
 	return m, harness.CreateMachine(ctx, cp.Client, m)
+}
+
+// runRecreateStock runs the recreate scenario where the API server does not call the webhook.
+func runRecreateStock(ctx context.Context, sc *scenario) {
+	sc.control = true
+	sc.webhookFaults = true
+	restore, err := excludeFromWebhook(ctx, sc.ns(0))
+	if err != nil {
+		sc.t.Fatal(err)
+	}
+	sc.onFinish = restore
+	runRecreate(ctx, sc)
+}
+
+// excludeFromWebhook makes the API server stop calling our mutating webhooks for Metal3Data in
+// namespace ns, and returns what puts them back.
+func excludeFromWebhook(ctx context.Context, ns string) (func(), error) {
+	list := &admissionregistrationv1.MutatingWebhookConfigurationList{}
+	if err := cp.Client.List(ctx, list); err != nil {
+		return nil, err
+	}
+	var originals []*admissionregistrationv1.MutatingWebhookConfiguration
+	for i := range list.Items {
+		cfg := &list.Items[i]
+		originals = append(originals, cfg.DeepCopy())
+		for j := range cfg.Webhooks {
+			sel := cfg.Webhooks[j].NamespaceSelector
+			if sel == nil {
+				sel = &metav1.LabelSelector{}
+			}
+			sel.MatchExpressions = append(sel.MatchExpressions, metav1.LabelSelectorRequirement{
+				Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{ns},
+			})
+			cfg.Webhooks[j].NamespaceSelector = sel
+		}
+		if err := cp.Client.Update(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
+	// The API server reads webhook configurations through an informer.
+	time.Sleep(2 * time.Second)
+	return func() {
+		for _, cfg := range originals {
+			current := &admissionregistrationv1.MutatingWebhookConfiguration{}
+			if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(cfg), current); err != nil {
+				continue
+			}
+			current.Webhooks = cfg.Webhooks
+			_ = cp.Client.Update(ctx, current)
+		}
+	}, nil
 }
 
 func runRecreate(ctx context.Context, sc *scenario) {

@@ -47,6 +47,9 @@ type scenario struct {
 	// webhookFaults: replicas were killed or their API requests failed, so an admission may go
 	// unanswered (the API server fails open) without that being a defect.
 	webhookFaults bool
+	// control: the webhook does not serve the scenario's namespaces; its counts are a baseline
+	// of stock CAPM3 and the IPAM, reported, not asserted.
+	control bool
 	// lastActivity is when the scenario last created, deleted or faulted anything; the checks
 	// run after the grace period counted from there.
 	lastActivity time.Time
