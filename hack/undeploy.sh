@@ -5,7 +5,9 @@
 #     is preallocated any more, and CAPM3 creates the claims of every new Metal3Data itself.
 #  2. The release controller, still running, finishes every claim that waits for its Metal3Data:
 #     it hands it over when the Metal3Data is stored, or deletes it once --release-grace-period
-#     (2m by default) has passed without one. A waiting claim carries the
+#     (2m by default) has passed without one, the IPAM has answered it and no Metal3DataClaim
+#     still waits for it; those two waits last at most --release-hold-limit (10m by default)
+#     more. A waiting claim carries the
 #     ip-preallocator.metal3.io/preallocated-for annotation; a finished one does not exist or no
 #     longer carries it.
 #  3. Everything else goes: the Deployment, the validating webhook, RBAC, certificates, namespace.
@@ -18,7 +20,7 @@ set -euo pipefail
 
 manifest=${1:?usage: $0 <install.yaml>}
 kubectl=${KUBECTL:-kubectl}
-timeout=${UNDEPLOY_TIMEOUT:-300}
+timeout=${UNDEPLOY_TIMEOUT:-900}
 claims=ipclaims.ipam.metal3.io,ipaddressclaims.ipam.cluster.x-k8s.io
 waiting_claims='{range .items[?(@.metadata.annotations.ip-preallocator\.metal3\.io/preallocated-for)]}{.kind}/{.metadata.namespace}/{.metadata.name}{"\n"}{end}'
 

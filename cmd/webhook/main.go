@@ -89,7 +89,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
-		"How long past the grace period a claim is kept while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it).")
+		"How long past the grace period a claim is kept while the IPAM has not answered it, or while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it).")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
 	fs.DurationVar(&o.reusedNameHoldoff, "reused-name-holdoff", 10*time.Second,
@@ -243,7 +243,7 @@ func run(ctx context.Context, o options) error {
 		for _, takeOver := range []bool{true, false} {
 			release := &handover.Release{
 				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
-				GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, HandOverDelay: o.handOverDelay, FinishDelay: 15 * time.Second,
+				GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, HandOverDelay: o.handOverDelay,
 				ClaimGVK: gvk, TakeOver: takeOver,
 			}
 			if err := release.SetupWithManager(mgr, o.concurrency); err != nil {

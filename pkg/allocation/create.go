@@ -63,7 +63,8 @@ type Creator struct {
 // nil, is called once per claim as soon as its create request is on the wire to the API server,
 // or its handling ended without one.
 // A claim that already exists under one of the names CAPM3 looks for is never modified, unless it
-// waits for this name with the planned spec: then only its AdmissionAnnotation changes.
+// waits for this name with the planned spec: then only its AdmissionAnnotation and
+// DataClaimAnnotation change.
 func (c *Creator) Create(ctx context.Context, dataName, token string, claims []Claim, sent func()) []Result {
 	results := make([]Result, len(claims))
 	var wg sync.WaitGroup

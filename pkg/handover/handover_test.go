@@ -322,22 +322,6 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("take-over on a waiting claim being deleted: %v exists=%v", err, exists(never))
 		}
 	})
-	t.Run("a waiting claim being deleted keeps CAPM3's finalizer while the IPAM may be allocating", func(t *testing.T) {
-		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
-		if err := c.Delete(ctx, claim("tmpl-0-a", "t1")); err != nil {
-			t.Fatal(err)
-		}
-		r := newRelease(c, c, time.Hour, time.Hour)
-		r.FinishDelay = 200 * time.Millisecond
-		res, err := r.Reconcile(ctx, req)
-		if err != nil || res.RequeueAfter <= 0 || !exists(c) {
-			t.Fatalf("right after the deletion: %v %v exists=%v", res, err, exists(c))
-		}
-		time.Sleep(res.RequeueAfter)
-		if _, err := r.Reconcile(ctx, req); err != nil || exists(c) {
-			t.Fatalf("after the delay: %v exists=%v", err, exists(c))
-		}
-	})
 	t.Run("with the IPAM's finalizer on it, at once: the IPAM frees the address only after", func(t *testing.T) {
 		withIPAM := claim("tmpl-0-a", "t1")
 		withIPAM.Finalizers = append(withIPAM.Finalizers, "ipclaim.ipam.metal3.io")
@@ -346,7 +330,6 @@ func TestRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := newRelease(c, c, time.Hour, time.Hour)
-		r.FinishDelay = time.Hour
 		if _, err := r.Reconcile(ctx, req); err != nil {
 			t.Fatal(err)
 		}

@@ -60,17 +60,16 @@ var dataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 type Release struct {
 	Client client.Client
 	// APIReader confirms, live, that a Metal3Data is not stored before its claim is released,
-	// and reads the Metal3Data a claim is handed over to without a record.
+	// reads the Metal3Data a claim is handed over to without a record, and the Metal3DataClaim
+	// a claim is kept for.
 	APIReader   client.Reader
 	Recorder    events.EventRecorder
 	GracePeriod time.Duration
-	// HoldLimit bounds how long past GracePeriod a claim is kept while its Metal3DataClaim waits
-	// for data: a Metal3Data that is rejected for good must not hold addresses for ever.
+	// HoldLimit bounds how long past GracePeriod a claim is kept unanswered by the IPAM or while
+	// its Metal3DataClaim waits for data: a Metal3Data rejected for good, or an IPAM that is down,
+	// must not keep claims for ever.
 	HoldLimit     time.Duration
 	HandOverDelay time.Duration
-	// FinishDelay is how long a waiting claim that is being deleted keeps CAPM3's finalizer
-	// while the IPAM has none on it, so that an allocation in flight ends (see Reconcile).
-	FinishDelay time.Duration
 	// ClaimGVK is the claim kind this instance watches.
 	ClaimGVK schema.GroupVersionKind
 	// TakeOver makes this the instance that runs on every replica and only hands over; the
@@ -186,13 +185,6 @@ func (r *Release) age(key types.NamespacedName, claim *metav1.PartialObjectMetad
 	return now.Sub(s.at)
 }
 
-// deletingFor is how long this replica has seen the claim being deleted.
-func (r *Release) deletingFor(key types.NamespacedName, claim *metav1.PartialObjectMetadata) time.Duration {
-	deleting := claim.DeepCopy()
-	deleting.Annotations = map[string]string{allocation.AdmissionAnnotation: "deleting:" + claim.Annotations[allocation.AdmissionAnnotation]}
-	return r.age(key, deleting)
-}
-
 func (r *Release) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -222,16 +214,10 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		if r.TakeOver {
 			return ctrl.Result{}, nil
 		}
-		// The IPAM may be allocating: a claim gone before the IPAM stored its finalizer on it
-		// leaves an IPAddress nobody releases. Once the IPAM's finalizer is there, the IPAM waits
-		// for ours to go before it frees the address (the Metal3 IPAM deletes an IPAddress only
-		// when its own is the claim's last finalizer); before, it gets FinishDelay from the
-		// deletion to finish what it started.
-		if !ipamAnswered(claim) {
-			if wait := r.FinishDelay - r.deletingFor(req.NamespacedName, claim); wait > 0 {
-				return ctrl.Result{RequeueAfter: wait}, nil
-			}
-		}
+		// At once: with the IPAM's finalizer on it, the IPAM frees the address once ours is gone
+		// (the Metal3 IPAM deletes an IPAddress only when its own is the claim's last finalizer).
+		// Without, waiting gains nothing: the API server refuses new finalizers on an object being
+		// deleted, so the IPAM can no longer answer it.
 		logger.Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
 		_, err := allocation.Finish(ctx, r.Client, claim)
 		return ctrl.Result{}, err
@@ -272,7 +258,9 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 		waits, err := r.dataClaimWaits(ctx, claim)
 		if err != nil {
-			return ctrl.Result{}, err
+			// Not an error to back off from: that could keep the claim past the hold limit.
+			logger.Error(err, "Cannot read the Metal3DataClaim of a waiting claim", r.ClaimGVK.Kind, klog.KObj(claim))
+			return ctrl.Result{RequeueAfter: min(hold, r.GracePeriod)}, nil
 		}
 		if waits {
 			logger.V(1).Info("Keeping a claim whose Metal3DataClaim still waits for data", r.ClaimGVK.Kind, klog.KObj(claim),

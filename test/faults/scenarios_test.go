@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
@@ -346,51 +348,75 @@ func generation(ctx context.Context, ns string, index, gen int) (*fixtures.Machi
 // runRecreateStock runs the recreate scenario where the API server does not call the webhook.
 func runRecreateStock(ctx context.Context, sc *scenario) {
 	sc.control = true
+	// Every admission goes unanswered by the webhook, by design.
 	sc.webhookFaults = true
 	restore, err := excludeFromWebhook(ctx, sc.ns(0))
 	if err != nil {
 		sc.t.Fatal(err)
 	}
-	sc.onFinish = restore
+	sc.onFinish = func() {
+		if err := restore(); err != nil {
+			sc.t.Error(err)
+		}
+	}
 	runRecreate(ctx, sc)
+	for _, a := range sc.stored() {
+		if len(a.recorded) > 0 {
+			sc.t.Errorf("the baseline's Metal3Data %s was preallocated: the webhook was still called", a)
+		}
+	}
 }
 
-// excludeFromWebhook makes the API server stop calling our mutating webhooks for Metal3Data in
-// namespace ns, and returns what puts them back.
-func excludeFromWebhook(ctx context.Context, ns string) (func(), error) {
-	list := &admissionregistrationv1.MutatingWebhookConfigurationList{}
-	if err := cp.Client.List(ctx, list); err != nil {
-		return nil, err
-	}
-	var originals []*admissionregistrationv1.MutatingWebhookConfiguration
-	for i := range list.Items {
-		cfg := &list.Items[i]
-		originals = append(originals, cfg.DeepCopy())
-		for j := range cfg.Webhooks {
-			sel := cfg.Webhooks[j].NamespaceSelector
-			if sel == nil {
-				sel = &metav1.LabelSelector{}
+// servesMetal3Data tells whether a mutating webhook is called for Metal3Data: ours.
+func servesMetal3Data(w admissionregistrationv1.MutatingWebhook) bool {
+	return slices.ContainsFunc(w.Rules, func(r admissionregistrationv1.RuleWithOperations) bool {
+		return slices.Contains(r.Resources, "metal3datas")
+	})
+}
+
+// excludeFromWebhook makes the API server stop calling our mutating webhook for namespace ns,
+// and returns what takes that back.
+func excludeFromWebhook(ctx context.Context, ns string) (func() error, error) {
+	exclude := metav1.LabelSelectorRequirement{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{ns}}
+	edit := func(change func(*metav1.LabelSelector)) error {
+		list := &admissionregistrationv1.MutatingWebhookConfigurationList{}
+		if err := cp.Client.List(ctx, list); err != nil {
+			return err
+		}
+		for i := range list.Items {
+			cfg := &list.Items[i]
+			changed := false
+			for j := range cfg.Webhooks {
+				if !servesMetal3Data(cfg.Webhooks[j]) {
+					continue
+				}
+				if cfg.Webhooks[j].NamespaceSelector == nil {
+					cfg.Webhooks[j].NamespaceSelector = &metav1.LabelSelector{}
+				}
+				change(cfg.Webhooks[j].NamespaceSelector)
+				changed = true
 			}
-			sel.MatchExpressions = append(sel.MatchExpressions, metav1.LabelSelectorRequirement{
-				Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{ns},
-			})
-			cfg.Webhooks[j].NamespaceSelector = sel
-		}
-		if err := cp.Client.Update(ctx, cfg); err != nil {
-			return nil, err
-		}
-	}
-	// The API server reads webhook configurations through an informer.
-	time.Sleep(2 * time.Second)
-	return func() {
-		for _, cfg := range originals {
-			current := &admissionregistrationv1.MutatingWebhookConfiguration{}
-			if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(cfg), current); err != nil {
+			if !changed {
 				continue
 			}
-			current.Webhooks = cfg.Webhooks
-			_ = cp.Client.Update(ctx, current)
+			if err := cp.Client.Update(ctx, cfg); err != nil {
+				return err
+			}
 		}
+		return nil
+	}
+	if err := edit(func(sel *metav1.LabelSelector) { sel.MatchExpressions = append(sel.MatchExpressions, exclude) }); err != nil {
+		return nil, err
+	}
+	// The API server reads webhook configurations through an informer; runRecreateStock checks
+	// afterwards that no Metal3Data was preallocated.
+	time.Sleep(2 * time.Second)
+	return func() error {
+		return edit(func(sel *metav1.LabelSelector) {
+			sel.MatchExpressions = slices.DeleteFunc(sel.MatchExpressions, func(r metav1.LabelSelectorRequirement) bool {
+				return equality.Semantic.DeepEqual(r, exclude)
+			})
+		})
 	}, nil
 }
 

@@ -556,7 +556,8 @@ func (w *world) admit(ctx context.Context, reject bool) (*infrav1.Metal3Data, er
 
 // rejectSome admits n Metal3Data that the admission policy rejects, deletes their
 // Metal3DataClaims (their machines are gone: nothing retries them, so their claims are not kept
-// past the grace period), and returns the claims preallocated for them, which now wait.
+// for them; with no IPAM here, they are kept until the hold limit), and returns the claims
+// preallocated for them, which now wait.
 func (w *world) rejectSome(t *testing.T, n int) []string {
 	t.Helper()
 	var names []string

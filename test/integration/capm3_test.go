@@ -428,6 +428,10 @@ func releaseGivesAddressesBack(t *testing.T, ns string, subnet int) {
 		}
 		return nil
 	})
+	// Its machine goes: nothing retries the Metal3Data, and its claims are not kept for it.
+	if err := cp.Client.Delete(ctx, m.DataClaim); err != nil {
+		t.Fatal(err)
+	}
 	harness.Eventually(t, gracePeriod+30*time.Second, func() error {
 		for _, pool := range pools {
 			if _, err := claimOf(ctx, m, pool); !apierrors.IsNotFound(err) {
