@@ -109,7 +109,9 @@ func setUp(ctx context.Context, dir string) error {
 	// CAPM3's and the IPAM's client limits are raised: the suite checks correctness, and at their
 	// defaults the controllers would take minutes to work through the larger scenarios.
 	opts := stack.Options{QPS: 500, Burst: 1000}
-	if _, err := stack.StartIPAM(ctx, cp.Config, opts); err != nil {
+	ipamOpts := opts
+	ipamOpts.OnePoolController = onePoolController()
+	if _, err := stack.StartIPAM(ctx, cp.Config, ipamOpts); err != nil {
 		return err
 	}
 	if capm3, err = stack.StartCAPM3(ctx, cp.Config, opts); err != nil {
@@ -177,3 +179,7 @@ func chooseSizes() sizes {
 	}
 	return s
 }
+
+// onePoolController is FAULTS_IPAM_ONE_POOL_CONTROLLER: the experiment of stack.Options'
+// OnePoolController, which the report names.
+func onePoolController() bool { return os.Getenv("FAULTS_IPAM_ONE_POOL_CONTROLLER") != "" }

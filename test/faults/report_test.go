@@ -145,6 +145,11 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("flag to raise either; with more of its claims it alone would keep Metal3Data from being Ready,")
 	p("and namespaces from being deleted, for longer than the checks allow.")
 	p("")
+	if onePoolController() {
+		p("**An experiment, not how the IPAM is deployed: the Metal3 IPAM ran only the first of the two")
+		p("IPPool controllers its main.go starts (FAULTS_IPAM_ONE_POOL_CONTROLLER).**")
+		p("")
+	}
 	if passed {
 		p("**Result: every invariant held in every scenario but the baselines.**")
 	} else {
@@ -240,6 +245,8 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("make faults                  # full sizes; writes this file (%v here, and the build)", wall.Round(time.Minute))
 	p("cd test && go test -count=1 -v ./faults   # the quick sizes, as make test runs them")
 	p("cd test && FAULTS_FULL=1 FAULTS_TRIALS=3 go test -count=1 -v -timeout 90m ./faults   # more trials")
+	p("cd test && FAULTS_FULL=1 FAULTS_IPAM_ONE_POOL_CONTROLLER=1 FAULTS_REPORT=/tmp/one.md go test -count=1 -v -timeout 60m \\")
+	p("  -run 'TestFaults/^(rejected-after-mutation|namespaces|recreate|recreate-stock)$' ./faults   # the IPAM experiment")
 	p("```")
 	p("")
 	p("Logs of every replica (`replica-<i>.log`, one section per start), kube-controller-manager, the")
