@@ -80,7 +80,8 @@ type Options struct {
 	// OnePoolController runs only the first of the two IPPool controllers the Metal3 IPAM's
 	// main.go starts (both reconcile every claim of a pool, each from its own list): an
 	// experiment that shows which failures of the fault suite come from the two racing; never
-	// how the IPAM is deployed. Only Metal3 IPPools whose claims are all IPClaims are served.
+	// how the IPAM is deployed. IPAddressClaims of a Metal3 IPPool are then served only when an
+	// IPClaim or the pool changes (the fault suite has none).
 	OnePoolController bool
 }
 
