@@ -162,7 +162,7 @@ func removeIfPresent(key string) []jsonpatch.Operation {
 // Release frees a claim preallocated for a Metal3Data that is not stored, so that the IPAM returns
 // its address: claim must come from a live read that found it waiting. It deletes the claim, only
 // if it is unchanged since that read, and reports whether it did; CAPM3's finalizer then goes with
-// Finish, once the IPAM is done with the claim. A hand-over cannot slip in between: its patch
+// Finish, when the deletion's event comes back. A hand-over cannot slip in between: its patch
 // refuses a claim being deleted.
 func Release(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
 	obj := Metadata(claim.GroupVersionKind())

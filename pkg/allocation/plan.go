@@ -77,7 +77,8 @@ func (c Claim) GVK() schema.GroupVersionKind {
 // Preallocated is the claim as the webhook creates it before the Metal3Data exists: no owner
 // reference, since the Metal3Data has no UID yet and an owner that is not stored makes the
 // garbage collector delete the claim, and the PreallocatedForAnnotation, AdmissionAnnotation
-// (token) and DataClaimAnnotation instead. The finalizer keeps the claim until it is handed over or released.
+// (token) and DataClaimAnnotation instead. The finalizer keeps the claim until it is handed over
+// or released.
 func (c Claim) Preallocated(token string) client.Object {
 	obj, _ := c.Object.DeepCopyObject().(client.Object)
 	obj.SetOwnerReferences(nil)
