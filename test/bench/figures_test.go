@@ -23,13 +23,19 @@ func auditUser(name string) authenticationv1.UserInfo {
 // noise and reconcile causes.
 
 func TestModesAlternateEveryRepetition(t *testing.T) {
-	got := modes(0, 3)
+	got := modes(0, 3, false)
 	want := []slot{{modeStock, 0}, {modePreallocated, 0}, {modePreallocated, 1}, {modeStock, 1}, {modeStock, 2}, {modePreallocated, 2}}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("modes(0, 3) = %v, want %v", got, want)
+		t.Errorf("modes(0, 3, false) = %v, want %v", got, want)
 	}
-	if got := modes(1, 1); !reflect.DeepEqual(got, []slot{{modePreallocated, 0}, {modeStock, 0}}) {
-		t.Errorf("modes(1, 1) = %v", got)
+	if got := modes(1, 1, false); !reflect.DeepEqual(got, []slot{{modePreallocated, 0}, {modeStock, 0}}) {
+		t.Errorf("modes(1, 1, false) = %v", got)
+	}
+	got = modes(0, 3, true)
+	want = []slot{{modeStock, 0}, {modePreallocated, 0}, {modeNoOp, 0}, {modePreallocated, 1}, {modeNoOp, 1}, {modeStock, 1},
+		{modeNoOp, 2}, {modeStock, 2}, {modePreallocated, 2}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("modes(0, 3, true) = %v, want %v", got, want)
 	}
 }
 
@@ -78,6 +84,29 @@ func TestCompareRatiosAndNoise(t *testing.T) {
 	// A figure stock does not have (no kill) gives no ratio, not a division by zero.
 	if r := q.Ratio("their max"); len(r.Values) != 0 {
 		t.Errorf("after-kill ratio %+v", r)
+	}
+}
+
+func TestWebhookCostsFromInterleavedNoOp(t *testing.T) {
+	r := &Report{}
+	for repeat, totals := range [][3]float64{{10, 12, 11}, {10, 11, 11}} {
+		for i, mode := range []string{modeStock, modePreallocated, modeNoOp} {
+			r.Runs = append(r.Runs, &Run{Setting: "raised-limits", Scenario: "burst", Mode: mode, Repeat: repeat, N: 1, Total: totals[i]})
+		}
+	}
+	r.Runs = append(r.Runs, &Run{Setting: "raised-limits", Scenario: "burst-spread", Mode: modeStock, N: 1, Total: 1},
+		&Run{Setting: "raised-limits", Scenario: "burst-spread", Mode: modePreallocated, N: 1, Total: 1})
+	r.finish()
+	if len(r.Comparisons) != 2 || len(r.WebhookCosts) != 2 {
+		t.Fatalf("%d comparisons and %d webhook costs, want 2 and 2 (no-op in one scenario)", len(r.Comparisons), len(r.WebhookCosts))
+	}
+	webhook, preallocation := r.WebhookCosts[0], r.WebhookCosts[1]
+	if webhook.Of != modeNoOp || webhook.Over != modeStock || math.Abs(webhook.Total-1.1) > 1e-9 {
+		t.Errorf("no-op over stock: %s/%s total %.3f, want 1.10", webhook.Of, webhook.Over, webhook.Total)
+	}
+	want := (12.0/11 + 1) / 2
+	if preallocation.Of != modePreallocated || preallocation.Over != modeNoOp || math.Abs(preallocation.Total-want) > 1e-9 {
+		t.Errorf("preallocated over no-op: %s/%s total %.3f, want %.3f", preallocation.Of, preallocation.Over, preallocation.Total, want)
 	}
 }
 

@@ -160,9 +160,12 @@ func newRatio(name string, values []float64) Ratio {
 	return r
 }
 
-// Comparison is preallocated over stock for one scenario.
+// Comparison is one mode over another for one scenario: preallocated over stock unless Of and
+// Over say otherwise.
 type Comparison struct {
 	Setting, Scenario string
+	// Of and Over are the modes compared, when not preallocated and stock.
+	Of, Over string `json:",omitempty"`
 	// Repetitions is how many pairs of runs the ratios come from.
 	Repetitions int
 	Ratios      []Ratio
@@ -266,7 +269,11 @@ type Report struct {
 	Load              Load
 	Runs              []*Run
 	Comparisons       []Comparison
-	Webhook           *Footprint
+	// WebhookCosts are, where the no-op webhook ran interleaved with the other modes, the no-op
+	// over stock (what any webhook served as ours costs) and preallocated over the no-op (what
+	// preallocation adds to it).
+	WebhookCosts []Comparison `json:",omitempty"`
+	Webhook      *Footprint
 }
 
 func machine() map[string]string {
@@ -305,11 +312,18 @@ func (r *Report) finish() {
 		byKey[key][run.Mode] = append(byKey[key][run.Mode], run)
 	}
 	for _, key := range order {
-		stock, pre := byKey[key][modeStock], byKey[key][modePreallocated]
+		stock, pre, noOp := byKey[key][modeStock], byKey[key][modePreallocated], byKey[key][modeNoOp]
 		if len(stock) == 0 || len(pre) == 0 {
 			continue
 		}
 		r.Comparisons = append(r.Comparisons, compare(stock, pre))
+		if len(noOp) == 0 {
+			continue
+		}
+		webhook, preallocation := compare(stock, noOp), compare(noOp, pre)
+		webhook.Of, webhook.Over = modeNoOp, modeStock
+		preallocation.Of, preallocation.Over = modePreallocated, modeNoOp
+		r.WebhookCosts = append(r.WebhookCosts, webhook, preallocation)
 	}
 }
 
@@ -364,24 +378,37 @@ func printLoop(out io.Writer, r *Report) {
 
 func printComparisons(out io.Writer, r *Report) {
 	fmt.Fprintln(out, "\nPreallocated over stock: each repetition's preallocated run over its stock run; mean ±standard deviation (min–max) over the repetitions. Noise: the larger, between the modes, of the range of one mode's runs relative to their mean.")
+	printRatios(out, r.Comparisons, false)
+	if len(r.WebhookCosts) > 0 {
+		fmt.Fprintln(out, "\nWhat any webhook costs and what preallocation adds: the no-op webhook's runs, interleaved with the others, over stock's of the same repetition, and preallocated's over the no-op's; noise as above, of the two modes compared.")
+		printRatios(out, r.WebhookCosts, true)
+	}
+}
+
+// printRatios prints a table of comparisons, naming the modes compared when withModes.
+func printRatios(out io.Writer, comparisons []Comparison, withModes bool) {
 	var names []string
 	for _, f := range figures {
-		for _, q := range r.Comparisons {
+		for _, q := range comparisons {
 			if len(q.Ratio(f.name).Values) > 0 {
 				names = append(names, f.name)
 				break
 			}
 		}
 	}
-	fmt.Fprintf(out, "\n| setting | scenario | repetitions | %s | noise: mean time to Ready | noise: total |\n", strings.Join(names, " | "))
-	fmt.Fprintf(out, "|---|---|---:|%s---:|---:|\n", strings.Repeat("---:|", len(names)))
+	modes, modesRule := "", ""
+	if withModes {
+		modes, modesRule = "modes | ", "---|"
+	}
+	fmt.Fprintf(out, "\n| setting | scenario | %srepetitions | %s | noise: mean time to Ready | noise: total |\n", modes, strings.Join(names, " | "))
+	fmt.Fprintf(out, "|---|---|%s---:|%s---:|---:|\n", modesRule, strings.Repeat("---:|", len(names)))
 	noise := func(v float64) string {
 		if v == 0 {
 			return "–"
 		}
 		return fmt.Sprintf("±%.0f%%", 100*v)
 	}
-	for _, q := range r.Comparisons {
+	for _, q := range comparisons {
 		cells := make([]string, len(names))
 		for i, name := range names {
 			ratio := q.Ratio(name)
@@ -394,7 +421,11 @@ func printComparisons(out io.Writer, r *Report) {
 				cells[i] = fmt.Sprintf("%.2f ±%.2f (%.2f–%.2f)", ratio.Mean, ratio.StdDev, ratio.Min, ratio.Max)
 			}
 		}
-		fmt.Fprintf(out, "| %s | %s | %d | %s | %s | %s |\n", q.Setting, q.Scenario, q.Repetitions, strings.Join(cells, " | "),
+		pair := ""
+		if withModes {
+			pair = q.Of + " / " + q.Over + " | "
+		}
+		fmt.Fprintf(out, "| %s | %s | %s%d | %s | %s | %s |\n", q.Setting, q.Scenario, pair, q.Repetitions, strings.Join(cells, " | "),
 			noise(q.NoiseReadyMean), noise(q.NoiseTotal))
 	}
 }

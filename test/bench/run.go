@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +44,8 @@ type bench struct {
 	load            *loadSampler
 	client          client.Client
 	runs            int
+	// noOp tells that the single webhook process preallocates for nobody (see serveAs).
+	noOp bool
 }
 
 func (b *bench) benchClient() (client.Client, error) {
@@ -197,12 +200,33 @@ func (b *bench) setWebhook(ctx context.Context, mode string) error {
 	return b.cp.RegisterMutatingWebhooks(ctx)
 }
 
-// webhookAdmitsUnchanged restarts the webhook process so that it preallocates for nobody: it
-// then answers every admission without reading or creating anything, through the same server,
-// certificate and registration as when it preallocates.
-func (b *bench) webhookAdmitsUnchanged(ctx context.Context) error {
+// serveAs makes the single webhook process fit the mode of the next run: it is restarted so
+// that it preallocates for nobody before a no-op run, and restarted with its defaults before a
+// preallocated run that follows one. The no-op process then answers every admission without
+// reading or creating anything, through the same server, certificate and registration as when it
+// preallocates. The leader-loss replicas run with the defaults and are started separately.
+func (b *bench) serveAs(ctx context.Context, report *Report, mode string) error {
+	noOp := mode == modeNoOp
+	if mode == modeStock || noOp == b.noOp || b.replicas != nil {
+		return nil
+	}
+	if report.Webhook == nil {
+		footprint, err := b.webhookFootprint()
+		if err != nil {
+			return err
+		}
+		report.Webhook = footprint
+	}
+	args := singleWebhook
+	if noOp {
+		args = append(slices.Clone(singleWebhook), "--preallocate-for-requesters=system:serviceaccount:nobody:nobody")
+	}
 	b.cp.StopWebhook()
-	return b.cp.StartWebhook(ctx, append(singleWebhook, "--preallocate-for-requesters=system:serviceaccount:nobody:nobody")...)
+	if err := b.cp.StartWebhook(ctx, args...); err != nil {
+		return err
+	}
+	b.noOp = noOp
+	return nil
 }
 
 // singleWebhook are the flags of the single webhook process: no leader election (see run).
