@@ -23,8 +23,13 @@ func registerCacheSizes(c cache.Cache, scheme *runtime.Scheme, objs []client.Obj
 			return err
 		}
 		listGVK := gvk.GroupVersion().WithKind(gvk.Kind + "List")
+		_, metadataOnly := obj.(*metav1.PartialObjectMetadata)
+		content := "object"
+		if metadataOnly {
+			content = "metadata"
+		}
 		newList := func() (client.ObjectList, error) {
-			if _, ok := obj.(*metav1.PartialObjectMetadata); ok {
+			if metadataOnly {
 				l := &metav1.PartialObjectMetadataList{}
 				l.SetGroupVersionKind(listGVK)
 				return l, nil
@@ -40,8 +45,8 @@ func registerCacheSizes(c cache.Cache, scheme *runtime.Scheme, objs []client.Obj
 		}
 		gauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "ip_preallocator_cached_objects",
-			Help:        "Objects in the informer cache, by kind; metadata-only kinds hold metadata.",
-			ConstLabels: prometheus.Labels{"kind": gvk.Kind},
+			Help:        "Objects in the informer cache, by kind and by what the informer holds (metadata, or the whole object).",
+			ConstLabels: prometheus.Labels{"kind": gvk.Kind, "content": content},
 		}, func() float64 {
 			list, _ := newList()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"flag"
+	"fmt"
 	"net/http"
 	"os"
 	"time"
@@ -57,6 +58,7 @@ type options struct {
 	releaseGrace      time.Duration
 	releaseHold       time.Duration
 	handOverDelay     time.Duration
+	ipamWait          time.Duration
 	requesters        []string
 	concurrency       int
 	qps               float32
@@ -90,6 +92,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
 		"How long past the grace period a claim is kept while the IPAM has not answered it, or while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it).")
+	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", 3*time.Second,
+		"When the IPAM is behind (an earlier admission of that long still waits for its hand-over), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; below --handover-takeover-delay; 0 hands over at once.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
 	fs.DurationVar(&o.reusedNameHoldoff, "reused-name-holdoff", 10*time.Second,
@@ -120,9 +124,11 @@ func main() {
 }
 
 // cached lists what the admission path and the hand-over read, all through the cache; only the
-// Metal3DataTemplate, Metal3Machine and Cluster are read beyond their metadata.
-func cached() []client.Object {
-	return []client.Object{
+// Metal3DataTemplate, Metal3Machine and Cluster are read beyond their metadata, and the claims'
+// status, which the hand-over waits for (the IPAM's answer), from a second informer of each kind
+// (with the IPAMWait off, only its metadata one runs).
+func cached(ipamWait bool) []client.Object {
+	objs := []client.Object{
 		&infrav1.Metal3DataTemplate{},
 		&infrav1.Metal3Machine{},
 		&clusterv1.Cluster{},
@@ -133,6 +139,10 @@ func cached() []client.Object {
 		allocation.Metadata(allocation.IPAddressClaimGVK),
 		allocation.Metadata(handover.Metal3DataGVK),
 	}
+	if ipamWait {
+		objs = append(objs, &ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{})
+	}
+	return objs
 }
 
 func newScheme() *runtime.Scheme {
@@ -149,6 +159,10 @@ func newScheme() *runtime.Scheme {
 }
 
 func run(ctx context.Context, o options) error {
+	if o.ipamWait >= o.handOverDelay {
+		// Every replica would take over what the admitting replica still waits for.
+		return fmt.Errorf("--handover-ipam-wait (%s) must be below --handover-takeover-delay (%s)", o.ipamWait, o.handOverDelay)
+	}
 	tlsOpts, metricsOpts, err := flags.GetManagerOptions(o.manager)
 	if err != nil {
 		return err
@@ -185,12 +199,12 @@ func run(ctx context.Context, o options) error {
 	}
 
 	// Informers registered before the start are part of the readiness cache sync.
-	for _, obj := range cached() {
+	for _, obj := range cached(o.ipamWait > 0) {
 		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
 			return err
 		}
 	}
-	if err := registerCacheSizes(mgr.GetCache(), scheme, cached()); err != nil {
+	if err := registerCacheSizes(mgr.GetCache(), scheme, cached(o.ipamWait > 0)); err != nil {
 		return err
 	}
 
@@ -204,6 +218,7 @@ func run(ctx context.Context, o options) error {
 		CreateTimeout: o.claimTimeout,
 		StreamWindow:  o.streamWindow,
 		Wait:          o.claimWait,
+		IPAMWait:      o.ipamWait,
 	}
 	if err := mgr.Add(admissions); err != nil {
 		return err

@@ -36,6 +36,12 @@ type Admissions struct {
 	StreamWindow time.Duration
 	// Wait bounds how long an admission waits for its claims.
 	Wait time.Duration
+	// IPAMWait bounds how long the hand-over of an admission made while an earlier one still
+	// waits for its hand-over waits for the IPAM to answer every claim (see HandOver). Then the
+	// IPAM is behind, and CAPM3's first reconcile would come before its answer anyway. Otherwise
+	// the claims are handed over at once: the IPAM keeps up, and CAPM3's first reconcile, which
+	// comes tens of milliseconds after the Metal3Data is stored, would meet them unowned.
+	IPAMWait time.Duration
 
 	mu         sync.Mutex
 	pending    map[types.NamespacedName]*admitted
@@ -51,6 +57,8 @@ type admitted struct {
 	warning  string
 	at       time.Time
 	creating bool
+	// answerBy is when the hand-over stops waiting for the IPAM's answer; zero: it does not wait.
+	answerBy time.Time
 	// claims are the claims this replica created or reclaimed, to hand over.
 	claims []allocation.ClaimRef
 }
@@ -106,8 +114,12 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 			delete(a.pending, k)
 		}
 	}
-	a.pending[key] = &admitted{token: token, warning: warning, at: now, creating: len(claims) > 0}
 	stream := len(claims) > 0 && now.Sub(a.lastCreate) < a.StreamWindow
+	v := &admitted{token: token, warning: warning, at: now, creating: len(claims) > 0}
+	if len(claims) > 0 && a.IPAMWait > 0 && a.behind(key, now) {
+		v.answerBy = now.Add(a.IPAMWait)
+	}
+	a.pending[key] = v
 	if len(claims) > 0 {
 		a.lastCreate = now
 	}
@@ -137,6 +149,17 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 	case <-wait.C:
 	case <-ctx.Done():
 	}
+}
+
+// behind tells whether another admission of the last IPAMWait still waits for its hand-over.
+// Call with a.mu held.
+func (a *Admissions) behind(key types.NamespacedName, now time.Time) bool {
+	for k, v := range a.pending {
+		if k != key && (v.creating || len(v.claims) > 0) && now.Sub(v.at) < a.IPAMWait {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *Admissions) create(key types.NamespacedName, token string, claims []allocation.Claim, sent func()) {
@@ -194,17 +217,18 @@ func nonEmpty(s string) []string {
 }
 
 // Claims returns the claims this replica's admission token created for the Metal3Data key, once
-// their creation is over; ok is false while they are being created or when the admission was
-// not this replica's.
-func (a *Admissions) Claims(key types.NamespacedName, token string) (refs []allocation.ClaimRef, ok bool) {
+// their creation is over, and until when, on this replica's clock, their hand-over waits for the
+// IPAM's answer (zero: it does not); ok is false while they are being created or when the
+// admission was not this replica's.
+func (a *Admissions) Claims(key types.NamespacedName, token string) (refs []allocation.ClaimRef, answerBy time.Time, ok bool) {
 	a.init()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, found := a.pending[key]
 	if !found || token == "" || v.token != token || v.creating {
-		return nil, false
+		return nil, time.Time{}, false
 	}
-	return v.claims, true
+	return v.claims, v.answerBy, true
 }
 
 // Pending tells whether anything is left to do for the Metal3Data key, stored with annotations.

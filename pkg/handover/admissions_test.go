@@ -84,12 +84,12 @@ func TestAdmittedCreatesAfterTheAnswer(t *testing.T) {
 	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := a.Claims(dataKey, "t1"); ok {
+	if _, _, ok := a.Claims(dataKey, "t1"); ok {
 		t.Fatal("claims reported before they were created")
 	}
 	close(release)
 	created(t, a)
-	refs, ok := a.Claims(dataKey, "t1")
+	refs, _, ok := a.Claims(dataKey, "t1")
 	if !ok || allocation.FormatClaims(refs) != "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b" {
 		t.Fatalf("claims %v ok=%v", refs, ok)
 	}
@@ -135,7 +135,7 @@ func TestCreationFailureIsAWarningEvent(t *testing.T) {
 	if owners := ownedBy(t, c, "tmpl-0-a"); len(owners) != 1 {
 		t.Errorf("tmpl-0-a not handed over: %v", owners)
 	}
-	if _, ok := a.Claims(dataKey, "t1"); ok {
+	if _, _, ok := a.Claims(dataKey, "t1"); ok {
 		t.Error("the admission is still remembered after its hand-over")
 	}
 }
@@ -150,7 +150,7 @@ func TestClaimCAPM3CreatedFirstIsLeftAlone(t *testing.T) {
 	a := newAdmissions(c)
 	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
 	created(t, a)
-	refs, _ := a.Claims(dataKey, "t1")
+	refs, _, _ := a.Claims(dataKey, "t1")
 	if allocation.FormatClaims(refs) != "IPClaim/tmpl-0-a" {
 		t.Errorf("claims to hand over %v", refs)
 	}
@@ -219,7 +219,7 @@ func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
 	}
 	cache := newClient(interceptor.Funcs{})
 	a := &Admissions{TTL: time.Minute, CreateTimeout: 10 * time.Second, StreamWindow: time.Minute, Wait: 5 * time.Second,
-		Creator: &allocation.Creator{Client: c, Cache: cache, APIReader: cache}}
+		IPAMWait: 3 * time.Second, Creator: &allocation.Creator{Client: c, Cache: cache, APIReader: cache}}
 
 	const held = 300 * time.Millisecond
 	time.AfterFunc(held, func() { close(first) })
@@ -227,6 +227,11 @@ func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
 	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
 	if took := time.Since(start); took < held || took > 4*time.Second {
 		t.Errorf("after a pause the admission waited %v, the API server held the creates %v", took, held)
+	}
+	// With no earlier admission to hand over, the hand-over does not wait for the IPAM; while one
+	// waits, it does (below).
+	if _, answerBy, ok := a.Claims(dataKey, "t1"); !ok || !answerBy.IsZero() {
+		t.Errorf("first admission: created %v, hand-over waits for the IPAM until %v", ok, answerBy)
 	}
 
 	second := make(chan struct{})
@@ -237,5 +242,22 @@ func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
 	a.Admitted(context.Background(), next, "t2", planned(), "")
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("in a stream the admission waited %v for creates the API server holds", took)
+	}
+	a.mu.Lock()
+	answerBy := a.pending[next].answerBy
+	a.mu.Unlock()
+	if wait := time.Until(answerBy); wait <= 0 || wait > 3*time.Second {
+		t.Errorf("behind the first admission's hand-over, the hand-over waits for the IPAM for %v, want up to IPAMWait", wait)
+	}
+	// Both handed over: the next one does not wait.
+	a.Done(dataKey, "t1")
+	a.Done(next, "t2")
+	third := types.NamespacedName{Namespace: dataKey.Namespace, Name: "tmpl-2"}
+	a.Admitted(context.Background(), third, "t3", planned(), "")
+	a.mu.Lock()
+	answerBy = a.pending[third].answerBy
+	a.mu.Unlock()
+	if !answerBy.IsZero() {
+		t.Errorf("with every earlier admission handed over, the hand-over waits for the IPAM until %v", answerBy)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
@@ -72,15 +75,28 @@ func init() {
 // Metal3DataGVK is the version the controllers watch Metal3Data in.
 var Metal3DataGVK = infrav1.GroupVersion.WithKind("Metal3Data")
 
-// HandOver hands the claims a replica preallocated over to their Metal3Data as soon as it is
-// stored and they are created. It runs on every replica, without the lease, and acts only on the
-// Metal3Data this replica admitted: it reacts to the create event from its own metadata cache and
-// to the end of the claims' creation, and patches all claims at once, without reading from the
-// API server, since CAPM3's first reconcile races it. Release (on the leader) takes over what a
-// replica that died could not finish.
+// HandOver hands the claims a replica preallocated over to their Metal3Data once it is stored,
+// they are created and the IPAM has answered them. It runs on every replica, without the lease,
+// and acts only on the Metal3Data this replica admitted: it reacts to the create event from its
+// own metadata cache, to the end of the claims' creation and to the IPAM's answers, and patches
+// all claims at once, without reading from the API server. Release (on every replica) takes over
+// what a replica that died could not finish.
+//
+// Why, when the IPAM is behind, it waits for the IPAM: CAPM3 maps every event of a claim to the
+// Metal3Data its owner reference names. A claim handed over before the IPAM answers wakes CAPM3 once for the
+// hand-over and again for each of the IPAM's writes (its finalizer, then its status), each a
+// reconcile with two uncached Secret GETs that finds no address yet. Handed over once answered,
+// the IPAM's writes wake nobody, and the hand-over wakes the reconcile that renders. CAPM3 treats
+// an IPClaim not owned by its Metal3Data as it treats one without an address (requeue, no
+// error), so a reconcile that comes before the hand-over costs what it costs without the wait.
+// When the IPAM keeps up, the claims are handed over at once, before CAPM3's first reconcile reads
+// them (see Admissions.IPAMWait).
 type HandOver struct {
-	Client     client.Client
-	Recorder   events.EventRecorder
+	Client   client.Client
+	Recorder events.EventRecorder
+	// Admissions says what this replica admitted and, with its IPAMWait, how long a hand-over
+	// waits for the IPAM's answer when the IPAM is behind: an IPAM that is down or slow delays it
+	// no longer than that.
 	Admissions *Admissions
 }
 
@@ -96,12 +112,53 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-handover").
 		For(allocation.Metadata(Metal3DataGVK), builder.WithPredicates(admittedHere, createOnly)).
-		WatchesRawSource(source.Channel(h.Admissions.Created(), &handler.EnqueueRequestForObject{})).
-		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(false)}).
+		WatchesRawSource(source.Channel(h.Admissions.Created(), &handler.EnqueueRequestForObject{}))
+	if h.Admissions.IPAMWait > 0 {
+		for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
+			b = b.Watches(claim, handler.EnqueueRequestsFromMapFunc(h.admittedDataOf), builder.WithPredicates(answeredNow))
+		}
+	}
+	return b.WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(false)}).
 		Complete(h)
+}
+
+// answered tells whether the IPAM has written its answer to the claim in its status: the address,
+// or for an IPClaim an error. The IPAMs write their finalizer first and the status in a second
+// request (Cluster API's patch helper), and CAPM3 is woken by each write once the claim is
+// handed over, so the hand-over waits for the status, which CAPM3 reads. An IPAddressClaim whose
+// pool fails it gets no address: the wait's bound hands it over.
+func answered(claim client.Object) bool {
+	switch c := claim.(type) {
+	case *ipamv1.IPClaim:
+		return c.Status.Address != nil || c.Status.ErrorMessage != nil
+	case *capipamv1.IPAddressClaim:
+		return c.Status.AddressRef.Name != ""
+	}
+	return false
+}
+
+// answeredNow passes the event in which a claim is first seen answered by the IPAM.
+var answeredNow = predicate.Funcs{
+	CreateFunc:  func(e event.CreateEvent) bool { return answered(e.Object) },
+	UpdateFunc:  func(e event.UpdateEvent) bool { return !answered(e.ObjectOld) && answered(e.ObjectNew) },
+	DeleteFunc:  func(event.DeleteEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+}
+
+// admittedDataOf maps a claim to the Metal3Data it waits for, when this replica admitted it.
+func (h *HandOver) admittedDataOf(_ context.Context, claim client.Object) []reconcile.Request {
+	name, ok := waitingFor(claim)
+	if !ok {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: claim.GetNamespace(), Name: name}
+	if !h.Admissions.Pending(key, claim.GetAnnotations()) {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: key}}
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -115,7 +172,7 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		h.Recorder.Eventf(data, nil, corev1.EventTypeWarning, "PreallocationIncomplete", "Preallocate", "%s", warning)
 	}
 	token := data.Annotations[allocation.AdmissionAnnotation]
-	refs, ok := h.Admissions.Claims(req.NamespacedName, token)
+	refs, answerBy, ok := h.Admissions.Claims(req.NamespacedName, token)
 	if !ok {
 		// Not this replica's admission, or its claims are still being created: the end of their
 		// creation comes back here.
@@ -125,6 +182,10 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		h.Admissions.Done(req.NamespacedName, token)
 		return ctrl.Result{}, nil
 	}
+	if wait := h.unanswered(ctx, data.Namespace, refs, answerBy); wait > 0 {
+		// The IPAM's answer comes back here; the requeue is the bound.
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
 	start := time.Now()
 	err := handOverAll(ctx, h.Client, h.Recorder, data, refs, token, "admission")
 	handOverSeconds.Observe(time.Since(start).Seconds())
@@ -132,6 +193,35 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		h.Admissions.Done(req.NamespacedName, token)
 	}
 	return ctrl.Result{}, err
+}
+
+// unanswered returns how much longer the hand-over waits for the IPAM: zero once the cache shows
+// every claim answered, being deleted or failing to read (the hand-over then reports it), or from
+// answerBy on.
+func (h *HandOver) unanswered(ctx context.Context, namespace string, refs []allocation.ClaimRef, answerBy time.Time) time.Duration {
+	left := time.Until(answerBy)
+	if left <= 0 {
+		return 0
+	}
+	for _, ref := range refs {
+		var claim client.Object
+		switch ref.Kind {
+		case allocation.KindIPClaim:
+			claim = &ipamv1.IPClaim{}
+		case allocation.KindIPAddressClaim:
+			claim = &capipamv1.IPAddressClaim{}
+		default:
+			continue
+		}
+		switch err := h.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, claim); {
+		case apierrors.IsNotFound(err):
+			// Created moments ago and not in the cache yet: its IPAM answer is an event too.
+			return left
+		case err == nil && claim.GetDeletionTimestamp().IsZero() && !answered(claim):
+			return left
+		}
+	}
+	return 0
 }
 
 // handOverAll patches, concurrently, every listed claim that the cache does not show as owned by

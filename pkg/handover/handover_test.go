@@ -10,14 +10,18 @@ import (
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
@@ -109,10 +113,130 @@ func TestHandOverController(t *testing.T) {
 			if got := len(recorder.Events); got != tc.wantEvents {
 				t.Errorf("%d events, want %d", got, tc.wantEvents)
 			}
-			if _, remembered := h.Admissions.Claims(dataKey, "t1"); remembered != (tc.admittedBy == "t1" && tc.wantErr) {
+			if _, _, remembered := h.Admissions.Claims(dataKey, "t1"); remembered != (tc.admittedBy == "t1" && tc.wantErr) {
 				t.Errorf("admission still remembered: %v", remembered)
 			}
 		})
+	}
+}
+
+// TestHandOverWaitsForTheIPAM: for an admission in a stream, the claims are handed over together
+// once the IPAM has answered every one (the address in its status), or once IPAMWait has passed.
+func TestHandOverWaitsForTheIPAM(t *testing.T) {
+	var h *HandOver
+	req := ctrl.Request{NamespacedName: dataKey}
+	answer := func(t *testing.T, c client.Client, name string) {
+		t.Helper()
+		got := &ipamv1.IPClaim{}
+		if err := c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, got); err != nil {
+			t.Fatal(err)
+		}
+		// The IPAM's finalizer alone is not the answer: its status write follows.
+		got.Finalizers = append(got.Finalizers, ipamv1.IPClaimFinalizer)
+		if err := c.Update(context.Background(), got); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := h.Reconcile(context.Background(), req); err != nil || res.RequeueAfter == 0 {
+			t.Fatalf("%s with the IPAM's finalizer only: %v, %v", name, res, err)
+		}
+		got.Status.Address = &corev1.ObjectReference{Name: name + "-address"}
+		if err := c.Update(context.Background(), got); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owned := func(t *testing.T, c client.Reader) []string {
+		t.Helper()
+		var out []string
+		for _, name := range []string{"tmpl-0-a", "tmpl-0-b"} {
+			if len(ownedBy(t, c, name)) == 1 {
+				out = append(out, name)
+			}
+		}
+		return out
+	}
+
+	c := newClient(interceptor.Funcs{}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), claim("tmpl-0-a", "t1"), claim("tmpl-0-b", "t1"))
+	h = &HandOver{Client: c, Recorder: events.NewFakeRecorder(10), Admissions: &Admissions{TTL: time.Minute}}
+	createdHere(h.Admissions, "t1", "tmpl-0-a", "tmpl-0-b")
+	h.Admissions.pending[dataKey].answerBy = time.Now().Add(time.Minute)
+	for _, step := range []struct {
+		answered  string
+		wantOwned []string
+	}{
+		{answered: "", wantOwned: nil},
+		{answered: "tmpl-0-a", wantOwned: nil},
+		{answered: "tmpl-0-b", wantOwned: []string{"tmpl-0-a", "tmpl-0-b"}},
+	} {
+		if step.answered != "" {
+			answer(t, c, step.answered)
+		}
+		res, err := h.Reconcile(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := owned(t, c); !slices.Equal(got, step.wantOwned) {
+			t.Errorf("after %q answered: owned %v, want %v", step.answered, got, step.wantOwned)
+		}
+		if waiting := step.wantOwned == nil; waiting != (res.RequeueAfter > 0 && res.RequeueAfter <= time.Minute) {
+			t.Errorf("after %q answered: requeue after %v", step.answered, res.RequeueAfter)
+		}
+	}
+
+	// The IPAM never answers: handed over once IPAMWait has passed; and at once after a pause.
+	for name, answerBy := range map[string]time.Time{"past IPAMWait": time.Now().Add(-time.Second), "after a pause": {}} {
+		c = newClient(interceptor.Funcs{}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), claim("tmpl-0-a", "t1"), claim("tmpl-0-b", "t1"))
+		h = &HandOver{Client: c, Recorder: events.NewFakeRecorder(10), Admissions: &Admissions{TTL: time.Minute}}
+		createdHere(h.Admissions, "t1", "tmpl-0-a", "tmpl-0-b")
+		h.Admissions.pending[dataKey].answerBy = answerBy
+		if res, err := h.Reconcile(context.Background(), req); err != nil || res.RequeueAfter != 0 {
+			t.Fatalf("%s: %v, %v", name, res, err)
+		}
+		if got := owned(t, c); len(got) != 2 {
+			t.Errorf("%s: owned %v, want both", name, got)
+		}
+	}
+}
+
+// TestAnswerWakesTheAdmittingReplica: the IPAM's answer to a claim this replica admitted wakes
+// the hand-over of its Metal3Data, once; other claims and other writes do not.
+func TestAnswerWakesTheAdmittingReplica(t *testing.T) {
+	h := &HandOver{Admissions: &Admissions{TTL: time.Minute}}
+	createdHere(h.Admissions, "t1", "tmpl-0-a")
+	waiting := claim("tmpl-0-a", "t1")
+	if got := h.admittedDataOf(context.Background(), waiting); len(got) != 1 || got[0].NamespacedName != dataKey {
+		t.Errorf("claim admitted here mapped to %v", got)
+	}
+	for name, other := range map[string]*ipamv1.IPClaim{"another admission": claim("tmpl-0-a", "t0"), "handed over": func() *ipamv1.IPClaim {
+		c := claim("tmpl-0-a", "t1")
+		c.OwnerReferences = []metav1.OwnerReference{{Name: "tmpl-0", UID: "data-uid"}}
+		return c
+	}()} {
+		if got := h.admittedDataOf(context.Background(), other); len(got) != 0 {
+			t.Errorf("%s: mapped to %v", name, got)
+		}
+	}
+	finalized := waiting.DeepCopy()
+	finalized.Finalizers = append(finalized.Finalizers, ipamv1.IPClaimFinalizer)
+	withAddress := finalized.DeepCopy()
+	withAddress.Status.Address = &corev1.ObjectReference{Name: "tmpl-0-a-address"}
+	failed := finalized.DeepCopy()
+	failed.Status.ErrorMessage = ptr.To("pool exhausted")
+	if !answeredNow.Update(event.UpdateEvent{ObjectOld: finalized, ObjectNew: withAddress}) || !answeredNow.Update(event.UpdateEvent{ObjectOld: finalized, ObjectNew: failed}) {
+		t.Error("the IPAM's address or error did not pass")
+	}
+	if answeredNow.Update(event.UpdateEvent{ObjectOld: waiting, ObjectNew: finalized}) || answeredNow.Update(event.UpdateEvent{ObjectOld: withAddress, ObjectNew: withAddress}) {
+		t.Error("a write other than the answer passed")
+	}
+	if !answeredNow.Create(event.CreateEvent{Object: withAddress}) || answeredNow.Create(event.CreateEvent{Object: waiting}) {
+		t.Error("a claim first seen answered must pass, one not answered must not")
+	}
+	addressClaim := &capipamv1.IPAddressClaim{}
+	if answered(addressClaim) {
+		t.Error("an IPAddressClaim without address passed")
+	}
+	addressClaim.Status.AddressRef.Name = "tmpl-0-c"
+	if !answered(addressClaim) {
+		t.Error("an IPAddressClaim with its address did not pass")
 	}
 }
 

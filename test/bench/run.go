@@ -509,11 +509,26 @@ func (b *bench) webhookFootprint() (*Footprint, error) {
 		return nil, err
 	}
 	for _, line := range strings.Split(metrics, "\n") {
-		rest, ok := strings.CutPrefix(line, `ip_preallocator_cached_objects{kind="`)
+		series, ok := strings.CutPrefix(line, "ip_preallocator_cached_objects{")
 		if !ok {
 			continue
 		}
-		kind, value, _ := strings.Cut(rest, `"} `)
+		labels, value, _ := strings.Cut(series, "} ")
+		var kind, content string
+		for _, label := range strings.Split(labels, ",") {
+			name, v, _ := strings.Cut(label, "=")
+			v = strings.Trim(v, `"`)
+			switch name {
+			case "kind":
+				kind = v
+			case "content":
+				content = v
+			}
+		}
+		if content == "object" {
+			// The claims' second informer, which holds their status.
+			kind += " (object)"
+		}
 		f.CachedObjects[kind], _ = strconv.ParseFloat(value, 64)
 	}
 	return f, nil
