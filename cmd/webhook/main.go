@@ -93,7 +93,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
 		"How long past the grace period a claim is kept while the IPAM has not answered it, or while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it).")
 	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", 3*time.Second,
-		"When the IPAM is behind (an earlier admission of that long still waits for its hand-over), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; below --handover-takeover-delay; 0 hands over at once.")
+		"When the IPAM is behind (a claim this replica created has waited more than 250ms for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; below --handover-takeover-delay; 0 hands over at once.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
 	fs.DurationVar(&o.reusedNameHoldoff, "reused-name-holdoff", 10*time.Second,
@@ -222,6 +222,17 @@ func run(ctx context.Context, o options) error {
 	}
 	if err := mgr.Add(admissions); err != nil {
 		return err
+	}
+	if o.ipamWait > 0 {
+		for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
+			informer, err := mgr.GetCache().GetInformer(ctx, claim)
+			if err != nil {
+				return err
+			}
+			if _, err := informer.AddEventHandler(admissions.ClaimEvents()); err != nil {
+				return err
+			}
+		}
 	}
 	deletions := &mutate.Deletions{Window: o.reusedNameHoldoff}
 	dataInformer, err := mgr.GetCache().GetInformer(ctx, allocation.Metadata(handover.Metal3DataGVK))

@@ -7,9 +7,12 @@ import (
 	"sync"
 	"time"
 
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
@@ -36,15 +39,19 @@ type Admissions struct {
 	StreamWindow time.Duration
 	// Wait bounds how long an admission waits for its claims.
 	Wait time.Duration
-	// IPAMWait bounds how long the hand-over of an admission made while an earlier one still
-	// waits for its hand-over waits for the IPAM to answer every claim (see HandOver). Then the
-	// IPAM is behind, and CAPM3's first reconcile would come before its answer anyway. Otherwise
-	// the claims are handed over at once: the IPAM keeps up, and CAPM3's first reconcile, which
-	// comes tens of milliseconds after the Metal3Data is stored, would meet them unowned.
+	// IPAMWait bounds how long the hand-over of an admission made while the IPAM is behind (a
+	// claim this replica created has waited more than ipamBehind for its answer) waits for the
+	// IPAM to answer every claim (see HandOver). CAPM3's first reconcile would then come before
+	// the answer anyway. Otherwise the claims are handed over at once: the IPAM keeps up, and
+	// CAPM3's first reconcile, which comes tens of milliseconds after the Metal3Data is stored,
+	// about when the IPAM answers, would meet them unowned.
 	IPAMWait time.Duration
 
-	mu         sync.Mutex
-	pending    map[types.NamespacedName]*admitted
+	mu      sync.Mutex
+	pending map[types.NamespacedName]*admitted
+	// unanswered are the claims this replica created that the IPAM has not answered yet, with when
+	// their creation started.
+	unanswered map[claimKey]time.Time
 	lastCreate time.Time
 	running    sync.WaitGroup
 	once       sync.Once
@@ -63,8 +70,20 @@ type admitted struct {
 	claims []allocation.ClaimRef
 }
 
+// claimKey names a claim: its kind and its object key.
+type claimKey struct {
+	kind string
+	types.NamespacedName
+}
+
+// ipamBehind is how long the IPAM may take to answer a claim before it counts as behind: well
+// above its answer time when it keeps up (tens of milliseconds on a shared two-core machine) and
+// below the lag of a burst it is behind on (seconds).
+const ipamBehind = 250 * time.Millisecond
+
 func (a *Admissions) init() {
 	a.once.Do(func() {
+		a.unanswered = map[claimKey]time.Time{}
 		a.pending = map[types.NamespacedName]*admitted{}
 		a.created = make(chan event.GenericEvent, 1024)
 		a.stopping = make(chan struct{})
@@ -114,9 +133,16 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 			delete(a.pending, k)
 		}
 	}
+	for k, at := range a.unanswered {
+		// Longer than IPAMWait unanswered: the IPAM is down or failed the claim, and waiting for
+		// it gains nothing.
+		if now.Sub(at) > a.IPAMWait {
+			delete(a.unanswered, k)
+		}
+	}
 	stream := len(claims) > 0 && now.Sub(a.lastCreate) < a.StreamWindow
 	v := &admitted{token: token, warning: warning, at: now, creating: len(claims) > 0}
-	if len(claims) > 0 && a.IPAMWait > 0 && a.behind(key, now) {
+	if len(claims) > 0 && a.IPAMWait > 0 && a.behind(now) {
 		v.answerBy = now.Add(a.IPAMWait)
 	}
 	a.pending[key] = v
@@ -151,15 +177,51 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 	}
 }
 
-// behind tells whether another admission of the last IPAMWait still waits for its hand-over.
-// Call with a.mu held.
-func (a *Admissions) behind(key types.NamespacedName, now time.Time) bool {
-	for k, v := range a.pending {
-		if k != key && (v.creating || len(v.claims) > 0) && now.Sub(v.at) < a.IPAMWait {
+func claimKeyOf(claim client.Object) claimKey {
+	kind := allocation.KindIPAddressClaim
+	if _, ok := claim.(*ipamv1.IPClaim); ok {
+		kind = allocation.KindIPClaim
+	}
+	return claimKey{kind, client.ObjectKeyFromObject(claim)}
+}
+
+// behind tells whether a claim this replica created has waited more than ipamBehind for the
+// IPAM's answer. Call with a.mu held.
+func (a *Admissions) behind(now time.Time) bool {
+	for _, at := range a.unanswered {
+		if now.Sub(at) > ipamBehind {
 			return true
 		}
 	}
 	return false
+}
+
+// ClaimEvents is the event handler, for the informers of whole IPClaims and IPAddressClaims, that
+// tells when the IPAM answers the claims this replica created, or they go.
+func (a *Admissions) ClaimEvents() toolscache.ResourceEventHandler {
+	a.init()
+	forget := func(obj any) {
+		if tombstone, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = tombstone.Obj
+		}
+		claim, ok := obj.(client.Object)
+		if !ok {
+			return
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		delete(a.unanswered, claimKeyOf(claim))
+	}
+	seen := func(obj any) {
+		if claim, ok := obj.(client.Object); ok && answered(claim) {
+			forget(claim)
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    seen,
+		UpdateFunc: func(_, obj any) { seen(obj) },
+		DeleteFunc: forget,
+	}
 }
 
 func (a *Admissions) create(key types.NamespacedName, token string, claims []allocation.Claim, sent func()) {
@@ -174,7 +236,20 @@ func (a *Admissions) create(key types.NamespacedName, token string, claims []all
 			}
 		}()
 		start := time.Now()
+		// Before the creates, so that an answer that comes before they return is not missed.
+		a.mu.Lock()
+		for _, c := range claims {
+			a.unanswered[claimKeyOf(c.Object)] = start
+		}
+		a.mu.Unlock()
 		results = a.Creator.Create(ctx, key.Name, token, claims, sent)
+		a.mu.Lock()
+		for _, r := range results {
+			if r.Outcome != allocation.Created {
+				delete(a.unanswered, claimKeyOf(r.Claim.Object))
+			}
+		}
+		a.mu.Unlock()
 		claimCreationSeconds.Observe(time.Since(start).Seconds())
 	}()
 	var (

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -219,7 +221,7 @@ func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
 	}
 	cache := newClient(interceptor.Funcs{})
 	a := &Admissions{TTL: time.Minute, CreateTimeout: 10 * time.Second, StreamWindow: time.Minute, Wait: 5 * time.Second,
-		IPAMWait: 3 * time.Second, Creator: &allocation.Creator{Client: c, Cache: cache, APIReader: cache}}
+		Creator: &allocation.Creator{Client: c, Cache: cache, APIReader: cache}}
 
 	const held = 300 * time.Millisecond
 	time.AfterFunc(held, func() { close(first) })
@@ -227,11 +229,6 @@ func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
 	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
 	if took := time.Since(start); took < held || took > 4*time.Second {
 		t.Errorf("after a pause the admission waited %v, the API server held the creates %v", took, held)
-	}
-	// With no earlier admission to hand over, the hand-over does not wait for the IPAM; while one
-	// waits, it does (below).
-	if _, answerBy, ok := a.Claims(dataKey, "t1"); !ok || !answerBy.IsZero() {
-		t.Errorf("first admission: created %v, hand-over waits for the IPAM until %v", ok, answerBy)
 	}
 
 	second := make(chan struct{})
@@ -243,21 +240,68 @@ func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("in a stream the admission waited %v for creates the API server holds", took)
 	}
-	a.mu.Lock()
-	answerBy := a.pending[next].answerBy
-	a.mu.Unlock()
-	if wait := time.Until(answerBy); wait <= 0 || wait > 3*time.Second {
-		t.Errorf("behind the first admission's hand-over, the hand-over waits for the IPAM for %v, want up to IPAMWait", wait)
+}
+
+// TestHandOverWaitsOnlyWhileTheIPAMIsBehind: an admission's hand-over waits for the IPAM only
+// while a claim this replica created has waited more than ipamBehind for its answer, and not for
+// claims unanswered longer than IPAMWait (the IPAM is down or failed them).
+func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
+	c := newClient(interceptor.Funcs{})
+	a := newAdmissions(c)
+	a.IPAMWait = 3 * time.Second
+	claimEvents := a.ClaimEvents()
+	behind := func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.behind(time.Now())
 	}
-	// Both handed over: the next one does not wait.
-	a.Done(dataKey, "t1")
-	a.Done(next, "t2")
-	third := types.NamespacedName{Namespace: dataKey.Namespace, Name: "tmpl-2"}
-	a.Admitted(context.Background(), third, "t3", planned(), "")
-	a.mu.Lock()
-	answerBy = a.pending[third].answerBy
-	a.mu.Unlock()
-	if !answerBy.IsZero() {
-		t.Errorf("with every earlier admission handed over, the hand-over waits for the IPAM until %v", answerBy)
+	admit := func(name string) time.Time {
+		t.Helper()
+		key := types.NamespacedName{Namespace: dataKey.Namespace, Name: name}
+		data := &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: name}}
+		a.Admitted(context.Background(), key, "t-"+name, allocation.Plan(data, []allocation.PoolRef{
+			{Name: "a", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind},
+		}, name, false), "")
+		<-a.Created()
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.pending[key].answerBy
+	}
+	age := func(d time.Duration) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for k := range a.unanswered {
+			a.unanswered[k] = time.Now().Add(-d)
+		}
+	}
+	if answerBy := admit("tmpl-0"); !answerBy.IsZero() {
+		t.Errorf("first admission waits for the IPAM until %v", answerBy)
+	}
+	if answerBy := admit("tmpl-1"); !answerBy.IsZero() {
+		t.Errorf("claims unanswered for less than %v: waits for the IPAM until %v", ipamBehind, answerBy)
+	}
+	age(time.Second)
+	if wait := time.Until(admit("tmpl-2")); wait <= 2*time.Second || wait > 3*time.Second {
+		t.Errorf("claims unanswered for a second: waits for the IPAM for %v, want IPAMWait", wait)
+	}
+	for _, name := range []string{"tmpl-0-a", "tmpl-1-a", "tmpl-2-a"} {
+		claim := &ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: name}}
+		claimEvents.OnUpdate(claim, claim)
+		if name == "tmpl-0-a" && !behind() {
+			t.Fatalf("%s: a claim without an address counted as answered", name)
+		}
+		answered := claim.DeepCopy()
+		answered.Status.Address = &corev1.ObjectReference{Name: name}
+		claimEvents.OnUpdate(claim, answered)
+	}
+	if behind() {
+		t.Error("every claim answered, still behind")
+	}
+	if answerBy := admit("tmpl-3"); !answerBy.IsZero() {
+		t.Errorf("every earlier claim answered: waits for the IPAM until %v", answerBy)
+	}
+	age(4 * time.Second)
+	if answerBy := admit("tmpl-4"); !answerBy.IsZero() {
+		t.Errorf("claims unanswered for longer than IPAMWait: waits for the IPAM until %v", answerBy)
 	}
 }

@@ -75,22 +75,22 @@ func init() {
 // Metal3DataGVK is the version the controllers watch Metal3Data in.
 var Metal3DataGVK = infrav1.GroupVersion.WithKind("Metal3Data")
 
-// HandOver hands the claims a replica preallocated over to their Metal3Data once it is stored,
-// they are created and the IPAM has answered them. It runs on every replica, without the lease,
-// and acts only on the Metal3Data this replica admitted: it reacts to the create event from its
-// own metadata cache, to the end of the claims' creation and to the IPAM's answers, and patches
-// all claims at once, without reading from the API server. Release (on every replica) takes over
-// what a replica that died could not finish.
+// HandOver hands the claims a replica preallocated over to their Metal3Data once it is stored and
+// they are created, and, when the IPAM is behind, once it has answered them. It runs on every
+// replica, without the lease, and acts only on the Metal3Data this replica admitted: it reacts to
+// the create event from its own metadata cache, to the end of the claims' creation and to the
+// IPAM's answers, and patches all claims at once, without reading from the API server. Release
+// (on every replica) takes over what a replica that died could not finish.
 //
-// Why, when the IPAM is behind, it waits for the IPAM: CAPM3 maps every event of a claim to the
-// Metal3Data its owner reference names. A claim handed over before the IPAM answers wakes CAPM3 once for the
-// hand-over and again for each of the IPAM's writes (its finalizer, then its status), each a
-// reconcile with two uncached Secret GETs that finds no address yet. Handed over once answered,
-// the IPAM's writes wake nobody, and the hand-over wakes the reconcile that renders. CAPM3 treats
-// an IPClaim not owned by its Metal3Data as it treats one without an address (requeue, no
-// error), so a reconcile that comes before the hand-over costs what it costs without the wait.
-// When the IPAM keeps up, the claims are handed over at once, before CAPM3's first reconcile reads
-// them (see Admissions.IPAMWait).
+// Why it waits for a lagging IPAM: CAPM3 maps every event of a claim to the Metal3Data its owner
+// reference names. A claim handed over before the IPAM answers wakes CAPM3 once for the hand-over
+// and again for each of the IPAM's writes (its finalizer, then its status), each a reconcile with
+// two uncached Secret GETs that finds no address yet. Handed over once answered, the IPAM's
+// writes wake nobody, and the hand-over wakes the reconcile that renders. CAPM3 treats an IPClaim
+// not owned by its Metal3Data as it treats one without an address (requeue, no error), so a
+// reconcile that comes before the hand-over costs what it costs without the wait. When the IPAM
+// keeps up, the claims are handed over at once, before CAPM3's first reconcile reads them (see
+// Admissions.IPAMWait).
 type HandOver struct {
 	Client   client.Client
 	Recorder events.EventRecorder
