@@ -116,11 +116,33 @@ func main() {
 	_ = fs.Parse(os.Args[1:])
 	printVersionAndExit(*showVersion)
 	ctrl.SetLogger(klog.Background())
+	if err := o.fitIPAMWait(fs.Changed("handover-ipam-wait")); err != nil {
+		klog.Background().Error(err, "Invalid flags")
+		os.Exit(2)
+	}
 
 	if err := run(ctrl.SetupSignalHandler(), o); err != nil {
 		klog.Background().Error(err, "Webhook failed")
 		os.Exit(1)
 	}
+}
+
+// fitIPAMWait keeps --handover-ipam-wait below --handover-takeover-delay, or every replica would
+// take over what the admitting replica still waits for. A value set by hand that does not fit is
+// an error; the default is halved down to fit, so that a --handover-takeover-delay that was valid
+// before the flag existed still starts.
+func (o *options) fitIPAMWait(setByHand bool) error {
+	switch {
+	case o.ipamWait < 0:
+		return fmt.Errorf("--handover-ipam-wait (%s) must not be negative", o.ipamWait)
+	case o.ipamWait == 0 || o.ipamWait < o.handOverDelay:
+		return nil
+	case setByHand:
+		return fmt.Errorf("--handover-ipam-wait (%s) must be below --handover-takeover-delay (%s)", o.ipamWait, o.handOverDelay)
+	}
+	o.ipamWait = o.handOverDelay / 2
+	klog.Background().Info("Lowered --handover-ipam-wait below --handover-takeover-delay", "handoverIPAMWait", o.ipamWait)
+	return nil
 }
 
 // cached lists what the admission path and the hand-over read, all through the cache; only the
@@ -159,10 +181,6 @@ func newScheme() *runtime.Scheme {
 }
 
 func run(ctx context.Context, o options) error {
-	if o.ipamWait >= o.handOverDelay {
-		// Every replica would take over what the admitting replica still waits for.
-		return fmt.Errorf("--handover-ipam-wait (%s) must be below --handover-takeover-delay (%s)", o.ipamWait, o.handOverDelay)
-	}
 	tlsOpts, metricsOpts, err := flags.GetManagerOptions(o.manager)
 	if err != nil {
 		return err

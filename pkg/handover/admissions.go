@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
@@ -40,7 +41,8 @@ type Admissions struct {
 	// Wait bounds how long an admission waits for its claims.
 	Wait time.Duration
 	// IPAMWait bounds how long the hand-over of an admission made while the IPAM is behind (a
-	// claim this replica created has waited more than ipamBehind for its answer) waits for the
+	// claim this replica created has waited more than ipamBehind, since its create returned, for
+	// its answer) waits for the
 	// IPAM to answer every claim (see HandOver). CAPM3's first reconcile would then come before
 	// the answer anyway. Otherwise the claims are handed over at once: the IPAM keeps up, and
 	// CAPM3's first reconcile, which comes tens of milliseconds after the Metal3Data is stored,
@@ -135,8 +137,8 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 	}
 	for k, at := range a.unanswered {
 		// Longer than IPAMWait unanswered: the IPAM is down or failed the claim, and waiting for
-		// it gains nothing.
-		if now.Sub(at) > a.IPAMWait {
+		// it gains nothing. (A zero time is a create in flight, bounded by CreateTimeout.)
+		if !at.IsZero() && now.Sub(at) > a.IPAMWait {
 			delete(a.unanswered, k)
 		}
 	}
@@ -177,19 +179,61 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 	}
 }
 
-func claimKeyOf(claim client.Object) claimKey {
-	kind := allocation.KindIPAddressClaim
-	if _, ok := claim.(*ipamv1.IPClaim); ok {
-		kind = allocation.KindIPClaim
+// claimKeyOf keys a claim as the planned claims and the informers of whole claims hold them.
+func claimKeyOf(claim client.Object) (claimKey, bool) {
+	switch claim.(type) {
+	case *ipamv1.IPClaim:
+		return claimKey{allocation.KindIPClaim, client.ObjectKeyFromObject(claim)}, true
+	case *capipamv1.IPAddressClaim:
+		return claimKey{allocation.KindIPAddressClaim, client.ObjectKeyFromObject(claim)}, true
 	}
-	return claimKey{kind, client.ObjectKeyFromObject(claim)}
+	return claimKey{}, false
+}
+
+// track notes the claims about to be created as unanswered, before their creates, so that an
+// answer that comes before the creates return is not missed; their clock starts once they are
+// created (see createdClaims).
+func (a *Admissions) track(claims []allocation.Claim) {
+	if a.IPAMWait <= 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range claims {
+		if k, ok := claimKeyOf(c.Object); ok {
+			a.unanswered[k] = time.Time{}
+		}
+	}
+}
+
+// createdClaims starts the clock of the claims created and still unanswered, and forgets the
+// others: the time until the IPAM's answer counts from the create's return, so that a client
+// rate limiter or a slow API server is not taken for a lagging IPAM.
+func (a *Admissions) createdClaims(results []allocation.Result) {
+	if a.IPAMWait <= 0 {
+		return
+	}
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range results {
+		k, ok := claimKeyOf(r.Claim.Object)
+		if !ok {
+			continue
+		}
+		if _, waiting := a.unanswered[k]; waiting && r.Outcome == allocation.Created {
+			a.unanswered[k] = now
+		} else {
+			delete(a.unanswered, k)
+		}
+	}
 }
 
 // behind tells whether a claim this replica created has waited more than ipamBehind for the
-// IPAM's answer. Call with a.mu held.
+// IPAM's answer since its create returned. Call with a.mu held.
 func (a *Admissions) behind(now time.Time) bool {
 	for _, at := range a.unanswered {
-		if now.Sub(at) > ipamBehind {
+		if !at.IsZero() && now.Sub(at) > ipamBehind {
 			return true
 		}
 	}
@@ -208,9 +252,13 @@ func (a *Admissions) ClaimEvents() toolscache.ResourceEventHandler {
 		if !ok {
 			return
 		}
+		k, ok := claimKeyOf(claim)
+		if !ok {
+			return
+		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		delete(a.unanswered, claimKeyOf(claim))
+		delete(a.unanswered, k)
 	}
 	seen := func(obj any) {
 		if claim, ok := obj.(client.Object); ok && answered(claim) {
@@ -236,20 +284,9 @@ func (a *Admissions) create(key types.NamespacedName, token string, claims []all
 			}
 		}()
 		start := time.Now()
-		// Before the creates, so that an answer that comes before they return is not missed.
-		a.mu.Lock()
-		for _, c := range claims {
-			a.unanswered[claimKeyOf(c.Object)] = start
-		}
-		a.mu.Unlock()
+		a.track(claims)
 		results = a.Creator.Create(ctx, key.Name, token, claims, sent)
-		a.mu.Lock()
-		for _, r := range results {
-			if r.Outcome != allocation.Created {
-				delete(a.unanswered, claimKeyOf(r.Claim.Object))
-			}
-		}
-		a.mu.Unlock()
+		a.createdClaims(results)
 		claimCreationSeconds.Observe(time.Since(start).Seconds())
 	}()
 	var (

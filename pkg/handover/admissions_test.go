@@ -20,7 +20,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -262,7 +264,11 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 		a.Admitted(context.Background(), key, "t-"+name, allocation.Plan(data, []allocation.PoolRef{
 			{Name: "a", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind},
 		}, name, false), "")
-		<-a.Created()
+		select {
+		case <-a.Created():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: claims not created", name)
+		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return a.pending[key].answerBy
@@ -277,6 +283,7 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 	if answerBy := admit("tmpl-0"); !answerBy.IsZero() {
 		t.Errorf("first admission waits for the IPAM until %v", answerBy)
 	}
+	age(0)
 	if answerBy := admit("tmpl-1"); !answerBy.IsZero() {
 		t.Errorf("claims unanswered for less than %v: waits for the IPAM until %v", ipamBehind, answerBy)
 	}
@@ -303,5 +310,49 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 	age(4 * time.Second)
 	if answerBy := admit("tmpl-4"); !answerBy.IsZero() {
 		t.Errorf("claims unanswered for longer than IPAMWait: waits for the IPAM until %v", answerBy)
+	}
+}
+
+// TestClaimEventsForgetAnswersAndDeletions: a claim leaves the unanswered ones when the IPAM
+// answers it, whatever its kind, when it is deleted (tombstones too), and when admission did not
+// create it; a claim in creation has no clock yet.
+func TestClaimEventsForgetAnswersAndDeletions(t *testing.T) {
+	a := &Admissions{TTL: time.Minute, IPAMWait: 3 * time.Second}
+	handler := a.ClaimEvents()
+	data := &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: dataKey.Name}}
+	claims := allocation.Plan(data, []allocation.PoolRef{
+		{Name: "a", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind},
+		{Name: "b", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind},
+		{Name: "c", APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool"},
+		{Name: "d", APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool"},
+	}, data.Name, false)
+	a.track(claims)
+	if a.behind(time.Now().Add(time.Hour)) {
+		t.Fatal("claims in creation counted as behind")
+	}
+	results := make([]allocation.Result, len(claims))
+	for i, c := range claims {
+		results[i] = allocation.Result{Claim: c, Name: c.Object.GetName(), Outcome: allocation.Created}
+	}
+	results[1].Outcome = allocation.Reused
+	a.createdClaims(results)
+	unanswered := func() []string {
+		var out []string
+		for k := range a.unanswered {
+			out = append(out, k.kind+"/"+k.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got := unanswered(); !slices.Equal(got, []string{"IPAddressClaim/tmpl-0-c", "IPAddressClaim/tmpl-0-d", "IPClaim/tmpl-0-a"}) {
+		t.Fatalf("unanswered after the creates: %v", got)
+	}
+	address := &capipamv1.IPAddressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "tmpl-0-c"}}
+	address.Status.AddressRef.Name = "tmpl-0-c"
+	handler.OnUpdate(address, address)
+	handler.OnDelete(toolscache.DeletedFinalStateUnknown{Obj: &capipamv1.IPAddressClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "tmpl-0-d"}}})
+	if got := unanswered(); !slices.Equal(got, []string{"IPClaim/tmpl-0-a"}) {
+		t.Errorf("unanswered after an answer and a deletion: %v", got)
 	}
 }

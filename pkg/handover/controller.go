@@ -41,7 +41,7 @@ import (
 var (
 	handOversTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_handovers_total",
-		Help: "Preallocated claims handed over to their Metal3Data, by claim kind and by path (create: on the Metal3Data's create event; resync: found later from the claim).",
+		Help: "Preallocated claims handed over to their Metal3Data, by claim kind and by path (admission: by the replica that admitted the Metal3Data; resync: by the take-over on any replica).",
 	}, []string{"kind", "path"})
 	releasesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_releases_total",
@@ -155,6 +155,8 @@ func (h *HandOver) admittedDataOf(_ context.Context, claim client.Object) []reco
 		return nil
 	}
 	key := types.NamespacedName{Namespace: claim.GetNamespace(), Name: name}
+	// A waiting claim carries the admission token its Metal3Data records, which is what Pending
+	// compares.
 	if !h.Admissions.Pending(key, claim.GetAnnotations()) {
 		return nil
 	}
@@ -184,6 +186,7 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 	}
 	if wait := h.unanswered(ctx, data.Namespace, refs, answerBy); wait > 0 {
 		// The IPAM's answer comes back here; the requeue is the bound.
+		log.FromContext(ctx).V(1).Info("Waiting for the IPAM's answer before handing over", "limitIn", wait)
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	start := time.Now()
@@ -215,7 +218,8 @@ func (h *HandOver) unanswered(ctx context.Context, namespace string, refs []allo
 		}
 		switch err := h.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, claim); {
 		case apierrors.IsNotFound(err):
-			// Created moments ago and not in the cache yet: its IPAM answer is an event too.
+			// Created moments ago and not in the cache yet, and its IPAM answer is an event too;
+			// or deleted since, and the bound ends the wait.
 			return left
 		case err == nil && claim.GetDeletionTimestamp().IsZero() && !answered(claim):
 			return left

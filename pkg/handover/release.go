@@ -273,10 +273,11 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 }
 
 // ipamAnswered tells whether the IPAM has handled the claim: it adds its finalizer (the Metal3
-// IPAM with the address or an error, Cluster API IPAM providers their ReleaseAddress one) in the
-// write that answers it. Until then the IPAM may still be working from a list of claims it read
-// before the claim was deleted, and allocates for it: an IPAddress whose claim is gone, which
-// nobody releases and which keeps its namespace.
+// IPAM, and Cluster API IPAM providers their ReleaseAddress one) in the first of the two writes
+// that answer it, the status with the address or the error following in a second request. Until
+// then the IPAM may still be working from a list of claims it read before the claim was deleted,
+// and allocates for it: an IPAddress whose claim is gone, which nobody releases and which keeps
+// its namespace.
 func ipamAnswered(claim metav1.Object) bool {
 	return slices.ContainsFunc(claim.GetFinalizers(), func(f string) bool { return f != infrav1.DataFinalizer })
 }
