@@ -42,9 +42,8 @@ type Admissions struct {
 	Wait time.Duration
 	// IPAMWait bounds how long the hand-over of an admission made while the IPAM is behind (a
 	// claim this replica created has waited more than ipamBehind, since its create returned, for
-	// its answer) waits for the
-	// IPAM to answer every claim (see HandOver). CAPM3's first reconcile would then come before
-	// the answer anyway. Otherwise the claims are handed over at once: the IPAM keeps up, and
+	// its answer) waits for the IPAM to answer every claim (see HandOver). CAPM3's first reconcile
+	// would then come before the answer anyway. Otherwise the claims are handed over at once: the IPAM keeps up, and
 	// CAPM3's first reconcile, which comes tens of milliseconds after the Metal3Data is stored,
 	// about when the IPAM answers, would meet them unowned.
 	IPAMWait time.Duration
@@ -206,22 +205,29 @@ func (a *Admissions) track(claims []allocation.Claim) {
 	}
 }
 
-// createdClaims starts the clock of the claims created and still unanswered, and forgets the
-// others: the time until the IPAM's answer counts from the create's return, so that a client
-// rate limiter or a slow API server is not taken for a lagging IPAM.
-func (a *Admissions) createdClaims(results []allocation.Result) {
+// createdClaims starts the clock of the tracked claims that were created and are still
+// unanswered, and forgets the others (not created, or without a result when the creation failed
+// or panicked): the time until the IPAM's answer counts from the create's return, so that a
+// client rate limiter or a slow API server is not taken for a lagging IPAM.
+func (a *Admissions) createdClaims(claims []allocation.Claim, results []allocation.Result) {
 	if a.IPAMWait <= 0 {
 		return
+	}
+	created := map[claimKey]bool{}
+	for _, r := range results {
+		if k, ok := claimKeyOf(r.Claim.Object); ok && r.Outcome == allocation.Created {
+			created[k] = true
+		}
 	}
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, r := range results {
-		k, ok := claimKeyOf(r.Claim.Object)
+	for _, c := range claims {
+		k, ok := claimKeyOf(c.Object)
 		if !ok {
 			continue
 		}
-		if _, waiting := a.unanswered[k]; waiting && r.Outcome == allocation.Created {
+		if _, waiting := a.unanswered[k]; waiting && created[k] {
 			a.unanswered[k] = now
 		} else {
 			delete(a.unanswered, k)
@@ -285,8 +291,8 @@ func (a *Admissions) create(key types.NamespacedName, token string, claims []all
 		}()
 		start := time.Now()
 		a.track(claims)
+		defer func() { a.createdClaims(claims, results) }()
 		results = a.Creator.Create(ctx, key.Name, token, claims, sent)
-		a.createdClaims(results)
 		claimCreationSeconds.Observe(time.Since(start).Seconds())
 	}()
 	var (
