@@ -92,8 +92,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
 		"How long past the grace period a claim is kept while the IPAM has not answered it, or while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it).")
-	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", 3*time.Second,
-		"When the IPAM is behind (a claim this replica created has waited more than 250ms for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; below --handover-takeover-delay; 0 hands over at once.")
+	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", 30*time.Second,
+		"When the IPAM is behind (a claim this replica created has waited more than 250ms for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; a take-over waits for the answer as long; 0 hands over at once.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
 	fs.DurationVar(&o.reusedNameHoldoff, "reused-name-holdoff", 10*time.Second,
@@ -116,7 +116,7 @@ func main() {
 	_ = fs.Parse(os.Args[1:])
 	printVersionAndExit(*showVersion)
 	ctrl.SetLogger(klog.Background())
-	if err := o.fitIPAMWait(fs.Changed("handover-ipam-wait")); err != nil {
+	if err := o.checkFlags(); err != nil {
 		klog.Background().Error(err, "Invalid flags")
 		os.Exit(2)
 	}
@@ -127,21 +127,11 @@ func main() {
 	}
 }
 
-// fitIPAMWait keeps --handover-ipam-wait below --handover-takeover-delay, or every replica would
-// take over what the admitting replica still waits for. A value set by hand that does not fit is
-// an error; the default is halved down to fit, so that a --handover-takeover-delay that was valid
-// before the flag existed still starts.
-func (o *options) fitIPAMWait(setByHand bool) error {
-	switch {
-	case o.ipamWait < 0:
+// checkFlags refuses flag values the webhook cannot work with.
+func (o *options) checkFlags() error {
+	if o.ipamWait < 0 {
 		return fmt.Errorf("--handover-ipam-wait (%s) must not be negative", o.ipamWait)
-	case o.ipamWait == 0 || o.ipamWait < o.handOverDelay:
-		return nil
-	case setByHand:
-		return fmt.Errorf("--handover-ipam-wait (%s) must be below --handover-takeover-delay (%s)", o.ipamWait, o.handOverDelay)
 	}
-	o.ipamWait = o.handOverDelay / 2
-	klog.Background().Info("Lowered --handover-ipam-wait below --handover-takeover-delay", "handoverIPAMWait", o.ipamWait)
 	return nil
 }
 
@@ -288,7 +278,7 @@ func run(ctx context.Context, o options) error {
 			release := &handover.Release{
 				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
 				GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, HandOverDelay: o.handOverDelay,
-				ClaimGVK: gvk, TakeOver: takeOver,
+				IPAMWait: o.ipamWait, ClaimGVK: gvk, TakeOver: takeOver,
 			}
 			if err := release.SetupWithManager(mgr, o.concurrency); err != nil {
 				return err

@@ -117,8 +117,8 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		For(allocation.Metadata(Metal3DataGVK), builder.WithPredicates(admittedHere, createOnly)).
 		WatchesRawSource(source.Channel(h.Admissions.Created(), &handler.EnqueueRequestForObject{}))
 	if h.Admissions.IPAMWait > 0 {
-		for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
-			b = b.Watches(claim, handler.EnqueueRequestsFromMapFunc(h.admittedDataOf), builder.WithPredicates(answeredNow))
+		for _, kind := range []string{allocation.KindIPClaim, allocation.KindIPAddressClaim} {
+			b = b.Watches(wholeClaim(kind), handler.EnqueueRequestsFromMapFunc(h.admittedDataOf), builder.WithPredicates(answeredNow))
 		}
 	}
 	return b.WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(false)}).
@@ -138,6 +138,18 @@ func answered(claim client.Object) bool {
 		return c.Status.AddressRef.Name != ""
 	}
 	return false
+}
+
+// wholeClaim is an empty claim of the kind, as the informers of whole claims hold it; nil for an
+// unknown kind.
+func wholeClaim(kind string) client.Object {
+	switch kind {
+	case allocation.KindIPClaim:
+		return &ipamv1.IPClaim{}
+	case allocation.KindIPAddressClaim:
+		return &capipamv1.IPAddressClaim{}
+	}
+	return nil
 }
 
 // answeredNow passes the event in which a claim is first seen answered by the IPAM.
@@ -207,13 +219,8 @@ func (h *HandOver) unanswered(ctx context.Context, namespace string, refs []allo
 		return 0
 	}
 	for _, ref := range refs {
-		var claim client.Object
-		switch ref.Kind {
-		case allocation.KindIPClaim:
-			claim = &ipamv1.IPClaim{}
-		case allocation.KindIPAddressClaim:
-			claim = &capipamv1.IPAddressClaim{}
-		default:
+		claim := wholeClaim(ref.Kind)
+		if claim == nil {
 			continue
 		}
 		switch err := h.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, claim); {

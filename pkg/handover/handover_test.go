@@ -417,6 +417,47 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("owners %v", owners)
 		}
 	})
+	t.Run("recorded and unanswered: the take-over waits for the IPAM, within IPAMWait", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
+		r := newTakeOver(c, c, time.Hour, 0)
+		r.IPAMWait = time.Hour
+		res, err := r.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > r.IPAMWait || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("unanswered: %v %v owners=%v", res, err, ownedBy(t, c, "tmpl-0-a"))
+		}
+		// The IPAM's finalizer is not its answer: CAPM3 reads the status.
+		answering := &ipamv1.IPClaim{}
+		if err := c.Get(ctx, req.NamespacedName, answering); err != nil {
+			t.Fatal(err)
+		}
+		answering.Finalizers = append(answering.Finalizers, "ipclaim.ipam.metal3.io")
+		if err := c.Update(ctx, answering); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("finalizer only: %v %v", res, err)
+		}
+		answering.Status.Address = &corev1.ObjectReference{Name: "tmpl-0-a-address"}
+		if err := c.Update(ctx, answering); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+			t.Fatalf("answered: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
+		}
+
+		// An IPAM that never answers delays the take-over by IPAMWait at most.
+		c = newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
+		r = newTakeOver(c, c, time.Hour, 0)
+		r.IPAMWait = 200 * time.Millisecond
+		res, err = r.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("unanswered, short wait: %v %v", res, err)
+		}
+		time.Sleep(res.RequeueAfter)
+		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+			t.Fatalf("after IPAMWait: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
+		}
+	})
 	t.Run("recorded: left to the admitting replica, then taken over", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
 		r := newTakeOver(c, c, time.Hour, 200*time.Millisecond)

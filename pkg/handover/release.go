@@ -46,7 +46,8 @@ var dataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 //   - its Metal3Data is stored but carries no record of it (the admission response was lost, or a
 //     later admission of the same name reclaimed it): handed over at once;
 //   - its Metal3Data records it but the admitting replica did not hand it over within
-//     HandOverDelay (it died): handed over.
+//     HandOverDelay (it died): handed over, once the IPAM has answered it or IPAMWait has passed
+//     (see IPAMWait).
 //
 // On the leader, because these remove or release:
 //   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
@@ -70,6 +71,13 @@ type Release struct {
 	// must not keep claims for ever.
 	HoldLimit     time.Duration
 	HandOverDelay time.Duration
+	// IPAMWait, when above HandOverDelay, is how long a TakeOver instance keeps a recorded claim
+	// the IPAM has not answered yet (its status, read from the informer of whole claims): the
+	// admitting replica waits that long for a lagging IPAM (Admissions.IPAMWait), and a take-over
+	// before the answer would cut that wait short while the replica lives, each of the IPAM's
+	// writes then waking CAPM3 for nothing. A replica that died costs no more for it: CAPM3 can
+	// use no claim before its answer.
+	IPAMWait time.Duration
 	// ClaimGVK is the claim kind this instance watches.
 	ClaimGVK schema.GroupVersionKind
 	// TakeOver makes this the instance that runs on every replica and only hands over; the
@@ -137,6 +145,11 @@ func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		// A stored Metal3Data is what a waiting claim waits for: look at its claims at once.
 		Watches(allocation.Metadata(Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
 			builder.WithPredicates(created))
+	if r.TakeOver && r.IPAMWait > r.HandOverDelay {
+		// The IPAM's answer ends the take-over's wait for it.
+		b = b.Watches(wholeClaim(r.ClaimGVK.Kind), &handler.EnqueueRequestForObject{},
+			builder.WithPredicates(waiting, answeredNow))
+	}
 	if !r.TakeOver {
 		// A Metal3DataClaim that gets its data or goes ends the hold of the claims planned for it.
 		b = b.Watches(allocation.Metadata(dataClaimGVK), handler.EnqueueRequestsFromMapFunc(r.claimsHeldFor))
@@ -240,6 +253,17 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		if wait := r.HandOverDelay - age; wait > 0 {
 			return ctrl.Result{RequeueAfter: wait}, nil
 		}
+		if wait := r.IPAMWait - age; wait > 0 {
+			answered, err := r.answered(ctx, req.NamespacedName)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			if !answered {
+				// The IPAM's answer is an event here; this is the bound.
+				logger.V(1).Info("Leaving a claim the IPAM has not answered to its admitting replica", r.ClaimGVK.Kind, klog.KObj(claim))
+				return ctrl.Result{RequeueAfter: wait}, nil
+			}
+		}
 		logger.Info("Handing over a claim its admitting replica did not", r.ClaimGVK.Kind, klog.KObj(claim))
 		return ctrl.Result{}, handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
 			claim.Annotations[allocation.AdmissionAnnotation], "resync")
@@ -270,6 +294,16 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 	}
 	return ctrl.Result{}, r.release(ctx, req.NamespacedName, dataName)
+}
+
+// answered tells whether the informer of whole claims shows the claim answered by the IPAM (see
+// the package's answered); not yet in that informer, it is not.
+func (r *Release) answered(ctx context.Context, key types.NamespacedName) (bool, error) {
+	claim := wholeClaim(r.ClaimGVK.Kind)
+	if err := r.Client.Get(ctx, key, claim); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return answered(claim), nil
 }
 
 // ipamAnswered tells whether the IPAM has handled the claim: it adds its finalizer (the Metal3
