@@ -214,7 +214,7 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &bench{cp: cp, ready: ready, cfg: c, out: out, load: startLoadSampler(ctx)}
+	b := &bench{cp: cp, ready: ready, cfg: c, out: out, load: startLoadSampler(ctx), serving: modePreallocated}
 	defer b.stopReplicas()
 
 	report := &Report{Machine: machine(), Started: time.Now().UTC()}
@@ -229,9 +229,9 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 }
 
 // runScenarios runs every selected scenario in every mode, then the leader-loss scenario, which
-// replaces the webhook process by two replicas. A scenario with the no-op webhook restarts the
-// process between its preallocated and no-op runs, so the webhook's footprint is read before the
-// first restart.
+// replaces the webhook process by two replicas. The single process is stopped or restarted
+// whenever the mode changes (serveAs), so the webhook's footprint is that of the last preallocating
+// process, read when it stops or before the replicas start.
 func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 	var later []func() error
 	for _, s := range settings() {
@@ -257,7 +257,7 @@ func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 			}
 		}
 	}
-	if report.Webhook == nil {
+	if b.serving == modePreallocated {
 		var err error
 		if report.Webhook, err = b.webhookFootprint(); err != nil {
 			return err

@@ -79,8 +79,9 @@ func (b *bench) admissionClocks(ctx context.Context) (admissionClocks, error) {
 		return admissionClocks{}, err
 	}
 	// The replicas' counters start again when one is killed: their handler's view is left out.
+	// Stock runs without the single process.
 	var webhook string
-	if b.replicas == nil {
+	if b.replicas == nil && b.serving != "" {
 		if webhook, err = b.cp.Metrics(); err != nil {
 			return admissionClocks{}, err
 		}

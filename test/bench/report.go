@@ -81,6 +81,10 @@ type Run struct {
 	Requests map[string]map[string]float64
 	// Load is the machine's mean one-minute load average during the run.
 	Load float64
+	// CPU is the CPU time in seconds each component used from just before the first claim until
+	// the last Metal3Data was Ready, CPUWindow seconds.
+	CPU       cpuClock
+	CPUWindow float64
 	// Causes counts CAPM3's reconciles per Metal3Data by what woke them (see recordCauses).
 	Causes map[string]float64
 	// In the leader-loss scenario: whether a leading replica was killed, when (seconds after the
@@ -210,6 +214,8 @@ var figures = []figure{
 	{"CAPM3 requeues per Metal3Data", func(r *Run) float64 { return float64(r.Requeues) / float64(max(1, r.N)) }},
 	{"CAPM3 Secret GETs per Metal3Data", func(r *Run) float64 { return r.Requests["capm3"]["get secrets"] }},
 	{"CAPM3 requests per Metal3Data", func(r *Run) float64 { return floats.Sum(slices.Collect(maps.Values(r.Requests["capm3"]))) }},
+	{"CPU per Metal3Data", func(r *Run) float64 { return floats.Sum(slices.Collect(maps.Values(r.CPU))) / float64(max(1, r.N)) }},
+	{"API server CPU per Metal3Data", func(r *Run) float64 { return r.CPU["kube-apiserver"] / float64(max(1, r.N)) }},
 	{"ready p50 of those created after the kill", func(r *Run) float64 { return r.AfterKill.P50 }},
 	{"their max", func(r *Run) float64 { return r.AfterKill.Max }},
 }
@@ -354,6 +360,7 @@ func printReport(out io.Writer, r *Report) {
 	printLoop(out, r)
 	printLeaderLoss(out, r)
 	printComparisons(out, r)
+	printCPU(out, r)
 	printCauses(out, r)
 	printRequests(out, r)
 	fmt.Fprintf(out, "\nLoad average (1 min) during the benchmark: min %.1f, mean %.1f, max %.1f (%d samples)\n", r.Load.Min, r.Load.Mean, r.Load.Max, r.Load.Samples)
@@ -373,6 +380,39 @@ func printLoop(out io.Writer, r *Report) {
 			run.WebhookCalls, 1000*run.WebhookCall, 1000*run.WebhookHandler, 1000*run.WebhookClaimCreation,
 			1000*a.BeforeClaims, 1000*a.ClaimCreates, 1000*a.AfterClaims,
 			1000*run.Loop.P50, run.CreatesRefused, run.ExtraMetal3Data)
+	}
+}
+
+// printCPU prints, for each scenario and mode, the CPU each component used per Metal3Data
+// (means over the repetitions) and how busy it kept the machine's cores.
+func printCPU(out io.Writer, r *Report) {
+	fmt.Fprintf(out, "\nCPU per Metal3Data (ms) from the first claim to the last Ready, by process, means over the repetitions; busy: all of it over %d cores' time.\n", runtime.NumCPU())
+	fmt.Fprintf(out, "\n| setting | scenario | mode | %s | all | busy |\n", strings.Join(cpuComponents, " | "))
+	fmt.Fprintf(out, "|---|---|---|%s---:|---:|\n", strings.Repeat("---:|", len(cpuComponents)))
+	var order []string
+	byKey := map[string][]*Run{}
+	for _, run := range r.Runs {
+		key := run.Setting + " | " + run.Scenario + " | " + run.Mode
+		if byKey[key] == nil {
+			order = append(order, key)
+		}
+		byKey[key] = append(byKey[key], run)
+	}
+	for _, key := range order {
+		runs := byKey[key]
+		cells := make([]string, len(cpuComponents))
+		var all, busy float64
+		for i, c := range cpuComponents {
+			var ms float64
+			for _, run := range runs {
+				ms += 1000 * run.CPU[c] / float64(max(1, run.N)) / float64(len(runs))
+			}
+			cells[i], all = fmt.Sprintf("%.1f", ms), all+ms
+		}
+		for _, run := range runs {
+			busy += floats.Sum(slices.Collect(maps.Values(run.CPU))) / (math.Max(run.CPUWindow, 1e-9) * float64(runtime.NumCPU())) / float64(len(runs))
+		}
+		fmt.Fprintf(out, "| %s | %s | %.1f | %.0f%% |\n", key, strings.Join(cells, " | "), all, 100*busy)
 	}
 }
 

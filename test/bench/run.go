@@ -44,8 +44,9 @@ type bench struct {
 	load            *loadSampler
 	client          client.Client
 	runs            int
-	// noOp tells that the single webhook process preallocates for nobody (see serveAs).
-	noOp bool
+	// serving is the mode the single webhook process serves (see serveAs); empty when it is
+	// stopped.
+	serving string
 }
 
 func (b *bench) benchClient() (client.Client, error) {
@@ -200,33 +201,39 @@ func (b *bench) setWebhook(ctx context.Context, mode string) error {
 	return b.cp.RegisterMutatingWebhooks(ctx)
 }
 
-// serveAs makes the single webhook process fit the mode of the next run: it is restarted so
-// that it preallocates for nobody before a no-op run, and restarted with its defaults before a
-// preallocated run that follows one. The no-op process then answers every admission without
-// reading or creating anything, through the same server, certificate and registration as when it
-// preallocates. The leader-loss replicas run with the defaults and are started separately.
+// serveAs makes the single webhook process fit the mode of the next run. Stock runs without it,
+// as a cluster without ip-preallocator does: the process is stopped and its validating webhook
+// configurations deleted (setWebhook deletes the mutating ones), so that neither its admission
+// nor its informers' watches cost the machine anything. Before a no-op run it is started so that
+// it preallocates for nobody, and before a preallocated run with its defaults. The no-op process
+// then answers every admission without reading or creating anything, through the same server,
+// certificate and registration as when it preallocates. The leader-loss replicas run with the
+// defaults in every mode and are started separately.
 func (b *bench) serveAs(ctx context.Context, report *Report, mode string) error {
-	noOp := mode == modeNoOp
-	if mode == modeStock || noOp == b.noOp || b.replicas != nil {
+	if b.replicas != nil || mode == b.serving {
 		return nil
 	}
-	if report.Webhook == nil {
+	if b.serving == modePreallocated {
 		footprint, err := b.webhookFootprint()
 		if err != nil {
 			return err
 		}
 		report.Webhook = footprint
 	}
+	b.cp.StopWebhook()
+	b.serving = ""
+	if mode == modeStock {
+		return b.cp.UnregisterValidatingWebhooks(ctx)
+	}
 	args := singleWebhook
-	if noOp {
+	if mode == modeNoOp {
 		args = append(slices.Clone(singleWebhook), "--preallocate-for-requesters=system:serviceaccount:nobody:nobody")
 	}
-	b.cp.StopWebhook()
 	if err := b.cp.StartWebhook(ctx, args...); err != nil {
 		return err
 	}
-	b.noOp = noOp
-	return nil
+	b.serving = mode
+	return b.cp.RegisterValidatingWebhooks(ctx)
 }
 
 // singleWebhook are the flags of the single webhook process: no leader election (see run).
@@ -238,6 +245,10 @@ var singleWebhook = []string{"--leader-elect=false"}
 // kubelet would.
 func (b *bench) startReplicas(ctx context.Context) error {
 	b.cp.StopWebhook()
+	b.serving = ""
+	if err := b.cp.RegisterValidatingWebhooks(ctx); err != nil {
+		return err
+	}
 	rs, err := b.cp.StartReplicas(ctx, 2)
 	if err != nil {
 		return err
@@ -394,6 +405,10 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	}
 	run := &Run{Setting: s.Name, Scenario: sc.Name, Mode: mode, Repeat: repeat, N: n, Templates: templates}
 	loadFrom := time.Now()
+	cpuFrom, err := readCPU()
+	if err != nil {
+		return nil, err
+	}
 	claims, released, err := b.drive(ctx, sc, capm3, ms)
 	if err != nil {
 		return nil, err
@@ -409,6 +424,11 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 		return nil, err
 	}
 	run.Total = time.Since(origin(claims, -1)).Seconds()
+	cpuTo, err := readCPU()
+	if err != nil {
+		return nil, err
+	}
+	run.CPU, run.CPUWindow = cpuTo.minus(cpuFrom), time.Since(loadFrom).Seconds()
 	if !released.IsZero() {
 		run.Released = released.Sub(origin(claims, -1)).Seconds()
 	}

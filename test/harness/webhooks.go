@@ -38,6 +38,30 @@ func (cp *ControlPlane) RegisterMutatingWebhooks(ctx context.Context) error {
 	return nil
 }
 
+// UnregisterValidatingWebhooks deletes config/default's validating webhook configurations, so
+// that with the webhook process stopped the API server, as in a cluster without ip-preallocator,
+// neither calls it nor refuses what it would have validated (failurePolicy: Fail).
+func (cp *ControlPlane) UnregisterValidatingWebhooks(ctx context.Context) error {
+	for _, hook := range cp.Env.WebhookInstallOptions.ValidatingWebhooks {
+		if err := cp.Client.Delete(ctx, hook.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// RegisterValidatingWebhooks installs config/default's validating webhook configurations again.
+func (cp *ControlPlane) RegisterValidatingWebhooks(ctx context.Context) error {
+	for _, hook := range cp.Env.WebhookInstallOptions.ValidatingWebhooks {
+		hook := hook.DeepCopy()
+		hook.ResourceVersion = ""
+		if err := cp.Client.Create(ctx, hook); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	return nil
+}
+
 // serveAdmission serves an admission handler over TLS on loopback with envtest's serving
 // certificate, and returns its URL.
 func (cp *ControlPlane) serveAdmission(ctx context.Context, handler admission.Handler) (string, error) {
