@@ -41,8 +41,8 @@ type Admissions struct {
 	// Wait bounds how long an admission waits for its claims.
 	Wait time.Duration
 	// IPAMWait bounds how long the hand-over of an admission made while the IPAM is behind (a
-	// claim this replica created has waited more than ipamBehind, since its create returned, for
-	// its answer) waits for the IPAM to answer every claim (see HandOver). CAPM3's first reconcile
+	// claim this replica created has waited more than ipamBehind, since its create returned, and
+	// less than ipamGivenUp, for its answer) waits for the IPAM to answer every claim (see HandOver). CAPM3's first reconcile
 	// would then come before the answer anyway. Otherwise the claims are handed over at once: the IPAM keeps up, and
 	// CAPM3's first reconcile, which comes tens of milliseconds after the Metal3Data is stored,
 	// about when the IPAM answers, would meet them unowned.
@@ -81,6 +81,11 @@ type claimKey struct {
 // above its answer time when it keeps up (tens of milliseconds on a shared two-core machine) and
 // below the lag of a burst it is behind on (seconds).
 const ipamBehind = 250 * time.Millisecond
+
+// ipamGivenUp is how long an unanswered claim counts toward the IPAM being behind: seconds of
+// lag in a burst, not a pool that fails or an IPAM that is down, which would otherwise make
+// every admission of healthy pools wait for the answer instead of handing over at once.
+const ipamGivenUp = 3 * time.Second
 
 func (a *Admissions) init() {
 	a.once.Do(func() {
@@ -135,9 +140,10 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 		}
 	}
 	for k, at := range a.unanswered {
-		// Longer than IPAMWait unanswered: the IPAM is down or failed the claim, and waiting for
-		// it gains nothing. (A zero time is a create in flight, bounded by CreateTimeout.)
-		if !at.IsZero() && now.Sub(at) > a.IPAMWait {
+		// Longer than ipamGivenUp unanswered: the IPAM is down or failed the claim, and making
+		// every later admission wait for the IPAM because of it gains nothing. (A zero time is a
+		// create in flight, bounded by CreateTimeout.)
+		if !at.IsZero() && now.Sub(at) > ipamGivenUp {
 			delete(a.unanswered, k)
 		}
 	}

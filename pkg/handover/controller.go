@@ -202,7 +202,7 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
 	start := time.Now()
-	err := handOverAll(ctx, h.Client, h.Recorder, data, refs, token, "admission")
+	_, err := handOverAll(ctx, h.Client, h.Recorder, data, refs, token, "admission")
 	handOverSeconds.Observe(time.Since(start).Seconds())
 	if err == nil {
 		h.Admissions.Done(req.NamespacedName, token)
@@ -215,31 +215,37 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 // answerBy on.
 func (h *HandOver) unanswered(ctx context.Context, namespace string, refs []allocation.ClaimRef, answerBy time.Time) time.Duration {
 	left := time.Until(answerBy)
-	if left <= 0 {
+	if left <= 0 || !anyUnanswered(ctx, h.Client, namespace, refs) {
 		return 0
 	}
+	return left
+}
+
+// anyUnanswered tells whether the informer of whole claims shows one of the claims not answered
+// by the IPAM yet, or does not hold it yet (created moments ago, and its answer is an event too);
+// a claim being deleted or failing to read does not count.
+func anyUnanswered(ctx context.Context, c client.Reader, namespace string, refs []allocation.ClaimRef) bool {
 	for _, ref := range refs {
 		claim := wholeClaim(ref.Kind)
 		if claim == nil {
 			continue
 		}
-		switch err := h.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, claim); {
+		switch err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, claim); {
 		case apierrors.IsNotFound(err):
-			// Created moments ago and not in the cache yet, and its IPAM answer is an event too;
-			// or deleted since, and the bound ends the wait.
-			return left
+			return true
 		case err == nil && claim.GetDeletionTimestamp().IsZero() && !answered(claim):
-			return left
+			return true
 		}
 	}
-	return 0
+	return false
 }
 
 // handOverAll patches, concurrently, every listed claim that the cache does not show as owned by
-// data already, waits for every patch, and records an Event on data. The patches' tests decide
-// what is still waiting: a stale cache can cost a request, never a hand-over.
+// data already, waits for every patch, and records an Event on data when one failed. The patches'
+// tests decide what is still waiting: a stale cache can cost a request, never a hand-over. It
+// returns the claims it handed over.
 func handOverAll(ctx context.Context, c client.Client, recorder events.EventRecorder, data *metav1.PartialObjectMetadata,
-	refs []allocation.ClaimRef, token, path string) error {
+	refs []allocation.ClaimRef, token, path string) ([]allocation.ClaimRef, error) {
 	logger := log.FromContext(ctx)
 	var (
 		mu      sync.Mutex
@@ -296,7 +302,7 @@ func handOverAll(ctx context.Context, c client.Client, recorder events.EventReco
 		err := errors.Join(errs...)
 		recorder.Eventf(data, nil, corev1.EventTypeWarning, "PreallocatedClaimsHandOverFailed", "HandOver",
 			"Handing over preallocated claims failed, retrying: %v", err)
-		return fmt.Errorf("handing over claims of Metal3Data %s: %w", klog.KObj(data), err)
+		return handed, fmt.Errorf("handing over claims of Metal3Data %s: %w", klog.KObj(data), err)
 	}
-	return nil
+	return handed, nil
 }

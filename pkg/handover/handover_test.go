@@ -417,32 +417,42 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("owners %v", owners)
 		}
 	})
-	t.Run("recorded and unanswered: the take-over waits for the IPAM, within IPAMWait", func(t *testing.T) {
-		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
+	t.Run("recorded and unanswered: the take-over waits for the IPAM to answer every claim, within IPAMWait", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), claim("tmpl-0-b", "t1"),
+			metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
 		r := newTakeOver(c, c, time.Hour, 0)
 		r.IPAMWait = time.Hour
 		res, err := r.Reconcile(ctx, req)
 		if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > r.IPAMWait || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 			t.Fatalf("unanswered: %v %v owners=%v", res, err, ownedBy(t, c, "tmpl-0-a"))
 		}
+		answer := func(name string, address bool) {
+			t.Helper()
+			answering := &ipamv1.IPClaim{}
+			if err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: name}, answering); err != nil {
+				t.Fatal(err)
+			}
+			answering.Finalizers = append(answering.Finalizers, "ipclaim.ipam.metal3.io")
+			if address {
+				answering.Status.Address = &corev1.ObjectReference{Name: name + "-address"}
+			}
+			if err := c.Update(ctx, answering); err != nil {
+				t.Fatal(err)
+			}
+		}
 		// The IPAM's finalizer is not its answer: CAPM3 reads the status.
-		answering := &ipamv1.IPClaim{}
-		if err := c.Get(ctx, req.NamespacedName, answering); err != nil {
-			t.Fatal(err)
-		}
-		answering.Finalizers = append(answering.Finalizers, "ipclaim.ipam.metal3.io")
-		if err := c.Update(ctx, answering); err != nil {
-			t.Fatal(err)
-		}
+		answer("tmpl-0-a", false)
 		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 			t.Fatalf("finalizer only: %v %v", res, err)
 		}
-		answering.Status.Address = &corev1.ObjectReference{Name: "tmpl-0-a-address"}
-		if err := c.Update(ctx, answering); err != nil {
-			t.Fatal(err)
+		// Handed over alone, it would wake CAPM3 to find its sibling unusable.
+		answer("tmpl-0-a", true)
+		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("one of two answered: %v %v", res, err)
 		}
-		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
-			t.Fatalf("answered: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
+		answer("tmpl-0-b", true)
+		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 || len(ownedBy(t, c, "tmpl-0-b")) != 1 {
+			t.Fatalf("all answered: %v owners=%v %v", err, ownedBy(t, c, "tmpl-0-a"), ownedBy(t, c, "tmpl-0-b"))
 		}
 
 		// An IPAM that never answers delays the take-over by IPAMWait at most.
@@ -456,6 +466,28 @@ func TestRelease(t *testing.T) {
 		time.Sleep(res.RequeueAfter)
 		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
 			t.Fatalf("after IPAMWait: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
+		}
+
+		// An IPAMWait within the take-over delay adds no wait.
+		c = newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
+		r = newTakeOver(c, c, time.Hour, 0)
+		r.IPAMWait = r.HandOverDelay
+		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+			t.Fatalf("IPAMWait within the delay: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
+		}
+	})
+	t.Run("recorded by an admission of this replica: left to its hand-over", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
+		r := newTakeOver(c, c, time.Hour, 0)
+		r.Admissions = &Admissions{}
+		createdHere(r.Admissions, "t1", "tmpl-0-a")
+		res, err := r.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("admitted here: %v %v owners=%v", res, err, ownedBy(t, c, "tmpl-0-a"))
+		}
+		r.Admissions.Done(dataKey, "t1")
+		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+			t.Fatalf("no longer pending here: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}
 	})
 	t.Run("recorded: left to the admitting replica, then taken over", func(t *testing.T) {
@@ -586,5 +618,30 @@ func TestOrphanFinished(t *testing.T) {
 				t.Errorf("gone=%v requeue=%v", gone, res.RequeueAfter)
 			}
 		})
+	}
+}
+
+func TestAnsweredWhileWaiting(t *testing.T) {
+	unanswered := claim("tmpl-0-a", "t1")
+	answered := unanswered.DeepCopy()
+	answered.Status.Address = &corev1.ObjectReference{Name: "tmpl-0-a-address"}
+	owned := answered.DeepCopy()
+	delete(owned.Annotations, allocation.PreallocatedForAnnotation)
+	owned.OwnerReferences = []metav1.OwnerReference{{Kind: "Metal3Data", Name: "tmpl-0", UID: "data-uid"}}
+	ownedBefore := unanswered.DeepCopy()
+	ownedBefore.Annotations, ownedBefore.OwnerReferences = owned.Annotations, owned.OwnerReferences
+	for _, tc := range []struct {
+		name     string
+		old, new *ipamv1.IPClaim
+		want     bool
+	}{
+		{name: "a waiting claim answered", old: unanswered, new: answered, want: true},
+		{name: "a waiting claim's other write", old: unanswered, new: unanswered, want: false},
+		{name: "an answered claim's later write", old: answered, new: answered, want: false},
+		{name: "an owned claim answered", old: ownedBefore, new: owned, want: false},
+	} {
+		if got := answeredWhileWaiting.Update(event.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.new}); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -45,9 +45,9 @@ var dataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 // new leader after the leader died:
 //   - its Metal3Data is stored but carries no record of it (the admission response was lost, or a
 //     later admission of the same name reclaimed it): handed over at once;
-//   - its Metal3Data records it but the admitting replica did not hand it over within
-//     HandOverDelay (it died): handed over, once the IPAM has answered it or IPAMWait has passed
-//     (see IPAMWait).
+//   - its Metal3Data records it but the admitting replica, another one, did not hand it over
+//     within HandOverDelay (it died): handed over with the other claims the Metal3Data records,
+//     once the IPAM has answered them all or IPAMWait has passed (see IPAMWait).
 //
 // On the leader, because these remove or release:
 //   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
@@ -71,13 +71,16 @@ type Release struct {
 	// must not keep claims for ever.
 	HoldLimit     time.Duration
 	HandOverDelay time.Duration
-	// IPAMWait, when above HandOverDelay, is how long a TakeOver instance keeps a recorded claim
-	// the IPAM has not answered yet (its status, read from the informer of whole claims): the
-	// admitting replica waits that long for a lagging IPAM (Admissions.IPAMWait), and a take-over
-	// before the answer would cut that wait short while the replica lives, each of the IPAM's
-	// writes then waking CAPM3 for nothing. A replica that died costs no more for it: CAPM3 can
-	// use no claim before its answer.
+	// IPAMWait, when above HandOverDelay, is how long a TakeOver instance keeps the claims a
+	// Metal3Data records while the IPAM has not answered them all (their status, from the
+	// informer of whole claims): the admitting replica waits that long for a lagging IPAM
+	// (Admissions.IPAMWait), and a take-over before the answers would cut that wait short while
+	// the replica lives, each of the IPAM's later writes then waking CAPM3 for nothing. A replica
+	// that died costs no more for it: CAPM3 can use no claim before its answer.
 	IPAMWait time.Duration
+	// Admissions are this replica's: a TakeOver instance leaves what this replica admitted to
+	// its own HandOver.
+	Admissions *Admissions
 	// ClaimGVK is the claim kind this instance watches.
 	ClaimGVK schema.GroupVersionKind
 	// TakeOver makes this the instance that runs on every replica and only hands over; the
@@ -123,13 +126,18 @@ func IndexWaitingFor(ctx context.Context, mgr ctrl.Manager, gvk schema.GroupVers
 	return mgr.GetFieldIndexer().IndexField(ctx, allocation.Metadata(gvk), heldForIndex, heldForValue)
 }
 
+// waitingOrOrphaned passes the claims Release looks after.
+var waitingOrOrphaned = predicate.NewPredicateFuncs(func(o client.Object) bool {
+	_, ok := waitingFor(o)
+	return ok || orphanOwner(o) != nil
+})
+
+// answeredWhileWaiting passes the event in which the IPAM's answer to a waiting claim is seen.
+var answeredWhileWaiting = predicate.And(waitingOrOrphaned, answeredNow)
+
 // SetupWithManager registers the controller: under leader election unless TakeOver.
 func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	claim := allocation.Metadata(r.ClaimGVK)
-	waiting := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		_, ok := waitingFor(o)
-		return ok || orphanOwner(o) != nil
-	})
 	created := predicate.Funcs{
 		UpdateFunc:  func(event.UpdateEvent) bool { return false },
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
@@ -141,14 +149,14 @@ func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(name+r.ClaimGVK.Kind).
-		For(claim, builder.WithPredicates(waiting)).
+		For(claim, builder.WithPredicates(waitingOrOrphaned)).
 		// A stored Metal3Data is what a waiting claim waits for: look at its claims at once.
 		Watches(allocation.Metadata(Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
 			builder.WithPredicates(created))
 	if r.TakeOver && r.IPAMWait > r.HandOverDelay {
-		// The IPAM's answer ends the take-over's wait for it.
-		b = b.Watches(wholeClaim(r.ClaimGVK.Kind), &handler.EnqueueRequestForObject{},
-			builder.WithPredicates(waiting, answeredNow))
+		// The metadata event of the IPAM's status write can come before this informer holds the
+		// status: its own event is what ends the take-over's wait.
+		b = b.Watches(wholeClaim(r.ClaimGVK.Kind), &handler.EnqueueRequestForObject{}, builder.WithPredicates(answeredWhileWaiting))
 	}
 	if !r.TakeOver {
 		// A Metal3DataClaim that gets its data or goes ends the hold of the claims planned for it.
@@ -249,24 +257,31 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{RequeueAfter: r.GracePeriod}, nil
 	case stored && !r.recordedOn(data, claim):
 		return ctrl.Result{}, r.handOverUnrecorded(ctx, claim, dataName)
+	case stored && r.Admissions != nil && r.Admissions.Pending(types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data.Annotations):
+		// Admitted by this replica, which lives: its HandOver hands the claims over together once
+		// the IPAM has answered them all. Look again in case it cannot.
+		return ctrl.Result{RequeueAfter: max(r.HandOverDelay, time.Second)}, nil
 	case stored:
 		if wait := r.HandOverDelay - age; wait > 0 {
 			return ctrl.Result{RequeueAfter: wait}, nil
 		}
-		if wait := r.IPAMWait - age; wait > 0 {
-			answered, err := r.answered(ctx, req.NamespacedName)
-			if err != nil {
-				return ctrl.Result{}, err
-			}
-			if !answered {
-				// The IPAM's answer is an event here; this is the bound.
-				logger.V(1).Info("Leaving a claim the IPAM has not answered to its admitting replica", r.ClaimGVK.Kind, klog.KObj(claim))
-				return ctrl.Result{RequeueAfter: wait}, nil
-			}
+		// All the claims the Metal3Data records at once, as the admitting replica would: handed
+		// over one by one as each is answered, each would wake CAPM3 to find the others unusable.
+		refs, err := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
+		if err != nil {
+			refs = []allocation.ClaimRef{r.ref(claim)}
 		}
-		logger.Info("Handing over a claim its admitting replica did not", r.ClaimGVK.Kind, klog.KObj(claim))
-		return ctrl.Result{}, handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
-			claim.Annotations[allocation.AdmissionAnnotation], "resync")
+		if wait := r.IPAMWait - age; wait > 0 && anyUnanswered(ctx, r.Client, claim.Namespace, refs) {
+			// The IPAM's answers are events here; this is the bound.
+			logger.V(1).Info("Leaving a claim whose Metal3Data's claims the IPAM has not all answered to its admitting replica",
+				r.ClaimGVK.Kind, klog.KObj(claim))
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
+		handed, err := handOverAll(ctx, r.Client, r.Recorder, data, refs, claim.Annotations[allocation.AdmissionAnnotation], "resync")
+		if len(handed) > 0 {
+			logger.Info("Handed over claims their admitting replica did not", "claims", allocation.FormatClaims(handed))
+		}
+		return ctrl.Result{}, err
 	case r.TakeOver:
 		return ctrl.Result{}, nil
 	}
@@ -294,16 +309,6 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 	}
 	return ctrl.Result{}, r.release(ctx, req.NamespacedName, dataName)
-}
-
-// answered tells whether the informer of whole claims shows the claim answered by the IPAM (see
-// the package's answered); not yet in that informer, it is not.
-func (r *Release) answered(ctx context.Context, key types.NamespacedName) (bool, error) {
-	claim := wholeClaim(r.ClaimGVK.Kind)
-	if err := r.Client.Get(ctx, key, claim); err != nil {
-		return false, client.IgnoreNotFound(err)
-	}
-	return answered(claim), nil
 }
 
 // ipamAnswered tells whether the IPAM has handled the claim: it adds its finalizer (the Metal3
@@ -396,8 +401,9 @@ func (r *Release) handOverUnrecorded(ctx context.Context, claim *metav1.PartialO
 		return err
 	}
 	log.FromContext(ctx).Info("Handing over a claim its Metal3Data does not record", r.ClaimGVK.Kind, klog.KObj(claim))
-	return handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
+	_, err = handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
 		claim.Annotations[allocation.AdmissionAnnotation], "resync")
+	return err
 }
 
 // release frees a claim once live reads show it still waiting and its Metal3Data not stored.
