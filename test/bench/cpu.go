@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // userHZ is the unit of /proc's CPU times on Linux (USER_HZ, 100 on every architecture Go's
@@ -47,8 +50,14 @@ func readCPU() (cpuClock, error) {
 	pid := os.Getpid()
 	for _, path := range entries {
 		st, err := procStat(path)
-		if err != nil || st.ppid != pid {
-			continue // exited since the glob, or not ours
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue // exited since the glob
+		}
+		if err != nil {
+			return nil, err
+		}
+		if st.ppid != pid {
+			continue
 		}
 		if name, ok := cpuProcesses[st.comm]; ok {
 			clock[name] += st.cpu

@@ -1,7 +1,7 @@
 // Command bench measures what preallocation buys against stock CAPM3 on the path Metal3Data take
 // in a cluster: Metal3DataClaims are created (as CAPM3's Metal3Machine controller does), CAPM3's
 // own Metal3DataTemplate controller creates the Metal3Data one after another, ip-preallocator's
-// mutating webhook admits them (preallocated) or is not registered (stock), and CAPM3's Metal3Data
+// mutating webhook admits them (preallocated) or does not run (stock), and CAPM3's Metal3Data
 // controller and the IPAMs make them Ready. CAPM3 v1.13.2's two controllers and the Metal3 IPAM
 // v1.13.2 run in-process, set up as their main.go sets them up, the Cluster API in-cluster IPAM
 // provider as a process, all against a local API server. See docs/benchmarks.md.
@@ -229,9 +229,8 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 }
 
 // runScenarios runs every selected scenario in every mode, then the leader-loss scenario, which
-// replaces the webhook process by two replicas. The single process is stopped or restarted
-// whenever the mode changes (serveAs), so the webhook's footprint is that of the last preallocating
-// process, read when it stops or before the replicas start.
+// replaces the webhook process by two replicas. The single process lives for one run (serveAs,
+// setWebhook); its footprint is read whenever a preallocating one stops (readFootprint).
 func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 	var later []func() error
 	for _, s := range settings() {
@@ -241,7 +240,7 @@ func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 			}
 			runs := func() error {
 				for _, at := range modes(i, b.cfg.repeats, sc.NoOp) {
-					if err := b.serveAs(ctx, report, at.mode); err != nil {
+					if err := b.serveAs(ctx, at.mode); err != nil {
 						return err
 					}
 					if err := b.runAndRecord(ctx, report, s, sc, at.mode, at.repeat); err != nil {
@@ -258,11 +257,11 @@ func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 		}
 	}
 	if b.serving == modePreallocated {
-		var err error
-		if report.Webhook, err = b.webhookFootprint(); err != nil {
+		if err := b.readFootprint(); err != nil {
 			return err
 		}
 	}
+	report.Webhook = b.footprint
 	if len(later) > 0 {
 		if err := b.startReplicas(ctx); err != nil {
 			return err

@@ -47,6 +47,8 @@ type bench struct {
 	// serving is the mode the single webhook process serves (see serveAs); empty when it is
 	// stopped.
 	serving string
+	// footprint is the webhook's, as far as read (see readFootprint).
+	footprint *Footprint
 }
 
 func (b *bench) benchClient() (client.Client, error) {
@@ -193,37 +195,36 @@ func (b *bench) notReady(capm3 *stack.CAPM3, ms []*fixtures.Machine) int {
 	return pending
 }
 
-// setWebhook registers ip-preallocator's mutating webhook for the modes that call it.
+// setWebhook registers ip-preallocator's mutating webhook for the modes that call it. Stock runs
+// without ip-preallocator, as a cluster without it does: its configurations are deleted and its
+// process stopped, so that neither its admission nor its informers' watches cost the machine
+// anything. That happens once the run's templates exist, which the validating webhook admitted as
+// in the other modes. The leader-loss replicas keep running in every mode: the kill is the same.
 func (b *bench) setWebhook(ctx context.Context, mode string) error {
-	if mode == modeStock {
-		return b.cp.UnregisterMutatingWebhooks(ctx)
+	if mode != modeStock {
+		return b.cp.RegisterMutatingWebhooks(ctx)
 	}
-	return b.cp.RegisterMutatingWebhooks(ctx)
+	if err := b.cp.UnregisterMutatingWebhooks(ctx); err != nil || b.replicas != nil {
+		return err
+	}
+	if err := b.cp.UnregisterValidatingWebhooks(ctx); err != nil {
+		return err
+	}
+	return b.stopWebhook()
 }
 
-// serveAs makes the single webhook process fit the mode of the next run. Stock runs without it,
-// as a cluster without ip-preallocator does: the process is stopped and its validating webhook
-// configurations deleted (setWebhook deletes the mutating ones), so that neither its admission
-// nor its informers' watches cost the machine anything. Before a no-op run it is started so that
-// it preallocates for nobody, and before a preallocated run with its defaults. The no-op process
-// then answers every admission without reading or creating anything, through the same server,
-// certificate and registration as when it preallocates. The leader-loss replicas run with the
-// defaults in every mode and are started separately.
-func (b *bench) serveAs(ctx context.Context, report *Report, mode string) error {
-	if b.replicas != nil || mode == b.serving {
+// serveAs starts the single webhook process afresh before every run that calls it, so that every
+// such run meets a process in the same state (warmUp then sends it its first requests): before a
+// no-op run so that it preallocates for nobody, before a preallocated run with its defaults. The
+// no-op process answers every admission without reading or creating anything, through the same
+// server, certificate and registration as when it preallocates. The leader-loss replicas run
+// with the defaults and are started separately.
+func (b *bench) serveAs(ctx context.Context, mode string) error {
+	if b.replicas != nil || mode == modeStock {
 		return nil
 	}
-	if b.serving == modePreallocated {
-		footprint, err := b.webhookFootprint()
-		if err != nil {
-			return err
-		}
-		report.Webhook = footprint
-	}
-	b.cp.StopWebhook()
-	b.serving = ""
-	if mode == modeStock {
-		return b.cp.UnregisterValidatingWebhooks(ctx)
+	if err := b.stopWebhook(); err != nil {
+		return err
 	}
 	args := singleWebhook
 	if mode == modeNoOp {
@@ -236,6 +237,18 @@ func (b *bench) serveAs(ctx context.Context, report *Report, mode string) error 
 	return b.cp.RegisterValidatingWebhooks(ctx)
 }
 
+// stopWebhook stops the single webhook process, once its footprint is read if it preallocated.
+func (b *bench) stopWebhook() error {
+	if b.serving == modePreallocated {
+		if err := b.readFootprint(); err != nil {
+			return err
+		}
+	}
+	b.cp.StopWebhook()
+	b.serving = ""
+	return nil
+}
+
 // singleWebhook are the flags of the single webhook process: no leader election (see run).
 var singleWebhook = []string{"--leader-elect=false"}
 
@@ -244,8 +257,9 @@ var singleWebhook = []string{"--leader-elect=false"}
 // them; a replica that exits on its own (a lost lease) is restarted after a second, as the
 // kubelet would.
 func (b *bench) startReplicas(ctx context.Context) error {
-	b.cp.StopWebhook()
-	b.serving = ""
+	if err := b.stopWebhook(); err != nil {
+		return err
+	}
 	if err := b.cp.RegisterValidatingWebhooks(ctx); err != nil {
 		return err
 	}
@@ -394,6 +408,9 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	// The IPAM's caches sync before it acts, and the API server applies the webhook
 	// configuration from its own informer: leave them that time outside the measurement.
 	time.Sleep(time.Second)
+	if err := b.warmUp(ctx, ns, templates); err != nil {
+		return nil, err
+	}
 
 	offset, err := b.cp.AuditOffset()
 	if err != nil {
@@ -461,6 +478,44 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	return run, nil
 }
 
+// warmUpRounds is how many times warmUp sends its dry-run creates.
+const warmUpRounds = 3
+
+// warmUp sends the webhook, started afresh for the run (serveAs), as many dry-run Metal3Data
+// creates at once as the run has templates (CAPM3's template loops admit that many at once), a
+// few times. A webhook in a cluster runs for days: the API server's first connections to a new
+// process (TLS handshakes) and the process's first requests are not what the measurement is
+// about. The webhook admits a dry run without preallocating; nothing is stored. Stock runs get
+// the same creates, which no webhook answers, so that every mode starts after the same work.
+func (b *bench) warmUp(ctx context.Context, ns string, parallel int) error {
+	c, err := b.benchClient()
+	if err != nil {
+		return err
+	}
+	for round := range warmUpRounds {
+		var (
+			wg   sync.WaitGroup
+			mu   sync.Mutex
+			errs []error
+		)
+		for i := range max(1, parallel) {
+			wg.Go(func() {
+				data := &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("warm-up-%d-%d", round, i)}}
+				if err := c.Create(ctx, data, client.DryRunAll); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("warming the webhook up: %w", err)
+		}
+	}
+	return nil
+}
+
 // origin is when machine i's Metal3DataClaim was sent, or with i < 0 the run's first claim.
 func origin(claims claimCreated, i int) time.Time {
 	if i >= 0 {
@@ -509,6 +564,21 @@ func (b *bench) drive(ctx context.Context, sc scenario, capm3 *stack.CAPM3, ms [
 		return claims, released, nil
 	}
 	return claims, time.Time{}, nil
+}
+
+// readFootprint reads the footprint of the single webhook process: the cache sizes of this
+// read, which come later and so are the largest, and the highest peak memory of any read, since
+// every process lives for one run only.
+func (b *bench) readFootprint() error {
+	f, err := b.webhookFootprint()
+	if err != nil {
+		return err
+	}
+	if b.footprint != nil {
+		f.PeakRSSMiB = max(f.PeakRSSMiB, b.footprint.PeakRSSMiB)
+	}
+	b.footprint = f
+	return nil
 }
 
 // webhookFootprint reads the webhook process's peak resident memory and its cache sizes.

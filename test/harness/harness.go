@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
@@ -431,14 +432,22 @@ func (cp *ControlPlane) StopInClusterIPAM() {
 // WebhookBinary builds cmd/webhook into bin/ with make build, as CI and the Dockerfile build
 // it, and returns its path.
 func WebhookBinary(root string) (string, error) {
+	if path, ok := webhookBuilt.Load(root); ok {
+		return path.(string), nil
+	}
 	path := filepath.Join(root, "bin", "webhook")
 	cmd := exec.Command("make", "--no-print-directory", "build", "WEBHOOK_BIN="+path)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building the webhook: %w\n%s", err, out)
 	}
+	webhookBuilt.Store(root, path)
 	return path, nil
 }
+
+// webhookBuilt holds, per repository root, the binary WebhookBinary built: once per test program,
+// not at every start of a webhook process (the benchmark starts one before every run).
+var webhookBuilt sync.Map
 
 // StartWebhook runs bin/webhook on the port the webhook configurations point at, as the service
 // account of config/rbac, and waits until it is ready.
