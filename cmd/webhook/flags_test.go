@@ -20,7 +20,7 @@ func TestCheckFlags(t *testing.T) {
 	}{
 		{name: "off", wait: 0},
 		{name: "negative", wait: -time.Second, wantErr: true},
-		{name: "as long as the release grace period", wait: defaults.releaseGrace, wantErr: true},
+		{name: "beyond the release grace period", wait: 2 * defaults.releaseGrace},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := defaults

@@ -93,7 +93,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
 		"How long past the grace period a claim is kept while the IPAM has not answered it, or while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it).")
 	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", 30*time.Second,
-		"When the IPAM is behind (a claim this replica created has waited between 250ms and 3s for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; a take-over waits for the answers as long; below --release-grace-period; 0 hands over at once.")
+		"When the IPAM is behind (a claim this replica created has waited between 250ms and 3s for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; a take-over waits for the answers as long; 0 hands over at once.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
 	fs.DurationVar(&o.reusedNameHoldoff, "reused-name-holdoff", 10*time.Second,
@@ -127,14 +127,12 @@ func main() {
 	}
 }
 
-// checkFlags refuses flag values the webhook cannot work with. A replica forgets an admission
-// --release-grace-period after it, so it must not wait for the IPAM that long.
+// checkFlags refuses flag values the webhook cannot work with. A --handover-ipam-wait above
+// --release-grace-period works: the replica forgets the admission meanwhile, and the take-over,
+// which waits for the same answers, hands the claims over.
 func (o *options) checkFlags() error {
-	switch {
-	case o.ipamWait < 0:
+	if o.ipamWait < 0 {
 		return fmt.Errorf("--handover-ipam-wait (%s) must not be negative", o.ipamWait)
-	case o.ipamWait >= o.releaseGrace:
-		return fmt.Errorf("--handover-ipam-wait (%s) must be below --release-grace-period (%s)", o.ipamWait, o.releaseGrace)
 	}
 	return nil
 }
