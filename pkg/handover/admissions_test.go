@@ -246,11 +246,12 @@ func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
 
 // TestHandOverWaitsOnlyWhileTheIPAMIsBehind: an admission's hand-over waits for the IPAM only
 // while a claim this replica created has waited more than ipamBehind for its answer, and not for
-// claims unanswered longer than IPAMWait (the IPAM is down or failed them).
+// claims unanswered longer than ipamGivenUp (the IPAM is down or failed them), however long
+// IPAMWait.
 func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 	c := newClient(interceptor.Funcs{})
 	a := newAdmissions(c)
-	a.IPAMWait = 3 * time.Second
+	a.IPAMWait = 30 * time.Second
 	claimEvents := a.ClaimEvents()
 	behind := func() bool {
 		a.mu.Lock()
@@ -288,7 +289,7 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 		t.Errorf("claims unanswered for less than %v: waits for the IPAM until %v", ipamBehind, answerBy)
 	}
 	age(time.Second)
-	if wait := time.Until(admit("tmpl-2")); wait <= 2*time.Second || wait > 3*time.Second {
+	if wait := time.Until(admit("tmpl-2")); wait <= a.IPAMWait-time.Second || wait > a.IPAMWait {
 		t.Errorf("claims unanswered for a second: waits for the IPAM for %v, want IPAMWait", wait)
 	}
 	for _, name := range []string{"tmpl-0-a", "tmpl-1-a", "tmpl-2-a"} {
@@ -307,9 +308,9 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 	if answerBy := admit("tmpl-3"); !answerBy.IsZero() {
 		t.Errorf("every earlier claim answered: waits for the IPAM until %v", answerBy)
 	}
-	age(4 * time.Second)
+	age(ipamGivenUp + time.Second)
 	if answerBy := admit("tmpl-4"); !answerBy.IsZero() {
-		t.Errorf("claims unanswered for longer than IPAMWait: waits for the IPAM until %v", answerBy)
+		t.Errorf("claims unanswered for longer than %v: waits for the IPAM until %v", ipamGivenUp, answerBy)
 	}
 }
 

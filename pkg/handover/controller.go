@@ -211,20 +211,25 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 }
 
 // unanswered returns how much longer the hand-over waits for the IPAM: zero once the cache shows
-// every claim answered, being deleted or failing to read (the hand-over then reports it), or from
-// answerBy on.
+// every claim answered, being deleted, owned or failing to read (the hand-over then reports it),
+// or from answerBy on. A claim the cache does not hold yet was created moments ago, and its
+// answer is an event too.
 func (h *HandOver) unanswered(ctx context.Context, namespace string, refs []allocation.ClaimRef, answerBy time.Time) time.Duration {
 	left := time.Until(answerBy)
-	if left <= 0 || !anyUnanswered(ctx, h.Client, namespace, refs) {
+	if left <= 0 {
+		return 0
+	}
+	if waiting, absent := unansweredClaims(ctx, h.Client, namespace, refs); waiting+absent == 0 {
 		return 0
 	}
 	return left
 }
 
-// anyUnanswered tells whether the informer of whole claims shows one of the claims not answered
-// by the IPAM yet, or does not hold it yet (created moments ago, and its answer is an event too);
-// a claim being deleted or failing to read does not count.
-func anyUnanswered(ctx context.Context, c client.Reader, namespace string, refs []allocation.ClaimRef) bool {
+// unansweredClaims counts, in the informer of whole claims, the claims that still wait for their
+// Metal3Data unanswered by the IPAM, and those it does not hold. A claim being deleted, owned
+// already (handed over, or CAPM3's) or failing to read counts as neither: nothing the IPAM writes
+// to it can change what the hand-over does.
+func unansweredClaims(ctx context.Context, c client.Reader, namespace string, refs []allocation.ClaimRef) (waiting, absent int) {
 	for _, ref := range refs {
 		claim := wholeClaim(ref.Kind)
 		if claim == nil {
@@ -232,12 +237,12 @@ func anyUnanswered(ctx context.Context, c client.Reader, namespace string, refs 
 		}
 		switch err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, claim); {
 		case apierrors.IsNotFound(err):
-			return true
-		case err == nil && claim.GetDeletionTimestamp().IsZero() && !answered(claim):
-			return true
+			absent++
+		case err == nil && claim.GetDeletionTimestamp().IsZero() && len(claim.GetOwnerReferences()) == 0 && !answered(claim):
+			waiting++
 		}
 	}
-	return false
+	return waiting, absent
 }
 
 // handOverAll patches, concurrently, every listed claim that the cache does not show as owned by

@@ -451,8 +451,24 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("one of two answered: %v %v", res, err)
 		}
 		answer("tmpl-0-b", true)
+		// Answered after a wait: the admitting replica, woken by the same answer, goes first.
+		res, err = r.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > answerGrace || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("all answered, within the grace: %v %v", res, err)
+		}
+		time.Sleep(res.RequeueAfter)
 		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 || len(ownedBy(t, c, "tmpl-0-b")) != 1 {
 			t.Fatalf("all answered: %v owners=%v %v", err, ownedBy(t, c, "tmpl-0-a"), ownedBy(t, c, "tmpl-0-b"))
+		}
+
+		// A recorded claim never created, and one answered before the take-over delay ended: no
+		// wait.
+		c = newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-c"))
+		answer("tmpl-0-a", true)
+		r = newTakeOver(c, c, time.Hour, 0)
+		r.IPAMWait = time.Hour
+		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+			t.Fatalf("a recorded claim missing: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}
 
 		// An IPAM that never answers delays the take-over by IPAMWait at most.
@@ -470,10 +486,15 @@ func TestRelease(t *testing.T) {
 
 		// An IPAMWait within the take-over delay adds no wait.
 		c = newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
-		r = newTakeOver(c, c, time.Hour, 0)
+		r = newTakeOver(c, c, time.Hour, 100*time.Millisecond)
 		r.IPAMWait = r.HandOverDelay
+		res, err = r.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("within the take-over delay: %v %v", res, err)
+		}
+		time.Sleep(res.RequeueAfter)
 		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
-			t.Fatalf("IPAMWait within the delay: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
+			t.Fatalf("IPAMWait within the delay, nothing answered: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}
 	})
 	t.Run("recorded by an admission of this replica: left to its hand-over", func(t *testing.T) {

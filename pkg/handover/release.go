@@ -45,9 +45,10 @@ var dataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 // new leader after the leader died:
 //   - its Metal3Data is stored but carries no record of it (the admission response was lost, or a
 //     later admission of the same name reclaimed it): handed over at once;
-//   - its Metal3Data records it but the admitting replica, another one, did not hand it over
-//     within HandOverDelay (it died): handed over with the other claims the Metal3Data records,
-//     once the IPAM has answered them all or IPAMWait has passed (see IPAMWait).
+//   - its Metal3Data records it but the admitting replica, another one or this one once it has
+//     forgotten the admission, did not hand it over within HandOverDelay (it died): handed over
+//     with the other claims the Metal3Data records, once the IPAM has answered them all or
+//     IPAMWait has passed (see IPAMWait).
 //
 // On the leader, because these remove or release:
 //   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
@@ -95,6 +96,10 @@ type sighting struct {
 	uid   types.UID
 	token string
 	at    time.Time
+	// waited tells that the take-over found a claim of the Metal3Data unanswered after the
+	// take-over delay, and answered when it then found them all answered.
+	waited   bool
+	answered time.Time
 }
 
 // waitingFor returns the Metal3Data a claim waits for, if it waits.
@@ -259,7 +264,8 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{}, r.handOverUnrecorded(ctx, claim, dataName)
 	case stored && r.Admissions != nil && r.Admissions.Pending(types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data.Annotations):
 		// Admitted by this replica, which lives: its HandOver hands the claims over together once
-		// the IPAM has answered them all. Look again in case it cannot.
+		// the IPAM has answered them all. Look again: once the admission is forgotten (after
+		// --release-grace-period), this instance hands them over.
 		return ctrl.Result{RequeueAfter: max(r.HandOverDelay, time.Second)}, nil
 	case stored:
 		if wait := r.HandOverDelay - age; wait > 0 {
@@ -267,12 +273,9 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 		// All the claims the Metal3Data records at once, as the admitting replica would: handed
 		// over one by one as each is answered, each would wake CAPM3 to find the others unusable.
-		refs, err := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
-		if err != nil {
-			refs = []allocation.ClaimRef{r.ref(claim)}
-		}
-		if wait := r.IPAMWait - age; wait > 0 && anyUnanswered(ctx, r.Client, claim.Namespace, refs) {
-			// The IPAM's answers are events here; this is the bound.
+		// (recordedOn has parsed the record.)
+		refs, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
+		if wait := r.holdForAnswers(ctx, req.NamespacedName, claim.Namespace, refs, age); wait > 0 {
 			logger.V(1).Info("Leaving a claim whose Metal3Data's claims the IPAM has not all answered to its admitting replica",
 				r.ClaimGVK.Kind, klog.KObj(claim))
 			return ctrl.Result{RequeueAfter: wait}, nil
@@ -309,6 +312,44 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 	}
 	return ctrl.Result{}, r.release(ctx, req.NamespacedName, dataName)
+}
+
+// answerGrace is how long a take-over that waited for the IPAM's answers leaves them to the
+// admitting replica, which is woken by the same answer and, alive, hands over at once: long
+// enough for its patches to reach this replica's cache, short next to the take-over delay.
+const answerGrace = time.Second
+
+// holdForAnswers returns how much longer the take-over of key waits for the IPAM (see IPAMWait):
+// while a claim the Metal3Data records still waits unanswered, at most until IPAMWait, and once
+// they are all answered after such a wait, answerGrace more. A recorded claim that is not in the
+// cache after the take-over delay was never created (CAPM3 creates it), and is not waited for.
+func (r *Release) holdForAnswers(ctx context.Context, key types.NamespacedName, namespace string, refs []allocation.ClaimRef, age time.Duration) time.Duration {
+	left := r.IPAMWait - age
+	if left <= 0 {
+		return 0
+	}
+	waiting, _ := unansweredClaims(ctx, r.Client, namespace, refs)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.seen[key]
+	switch {
+	case !ok:
+		return 0
+	case waiting > 0:
+		// The IPAM's answers are events here; this is the bound.
+		s.waited = true
+		r.seen[key] = s
+		return left
+	case !s.waited:
+		// Answered before the take-over delay ended: the admitting replica had that long.
+		return 0
+	}
+	now := time.Now()
+	if s.answered.IsZero() {
+		s.answered = now
+		r.seen[key] = s
+	}
+	return min(left, answerGrace-now.Sub(s.answered))
 }
 
 // ipamAnswered tells whether the IPAM has handled the claim: it adds its finalizer (the Metal3

@@ -198,8 +198,9 @@ func (b *bench) notReady(capm3 *stack.CAPM3, ms []*fixtures.Machine) int {
 // setWebhook registers ip-preallocator's mutating webhook for the modes that call it. Stock runs
 // without ip-preallocator, as a cluster without it does: its configurations are deleted and its
 // process stopped, so that neither its admission nor its informers' watches cost the machine
-// anything. That happens once the run's templates exist, which the validating webhook admitted as
-// in the other modes. The leader-loss replicas keep running in every mode: the kill is the same.
+// anything. That happens once the run's templates exist, which the validating webhook admitted
+// when the run before called the webhook (not after another stock run). The leader-loss replicas
+// keep running in every mode: the kill is the same.
 func (b *bench) setWebhook(ctx context.Context, mode string) error {
 	if mode != modeStock {
 		return b.cp.RegisterMutatingWebhooks(ctx)
