@@ -195,33 +195,24 @@ func (b *bench) notReady(capm3 *stack.CAPM3, ms []*fixtures.Machine) int {
 	return pending
 }
 
-// setWebhook registers ip-preallocator's mutating webhook for the modes that call it. Stock runs
-// without ip-preallocator, as a cluster without it does: its configurations are deleted and its
-// process stopped, so that neither its admission nor its informers' watches cost the machine
-// anything. That happens once the run's templates exist, which the validating webhook admitted
-// when the run before called the webhook (not after another stock run). The leader-loss replicas
-// keep running in every mode: the kill is the same.
+// setWebhook registers ip-preallocator's mutating webhook for the modes that call it and deletes
+// it for stock: the API server then does not call the webhook at all. The process keeps running
+// (serveAs), so that every mode meets the machine in the same state; what its informers cost the
+// machine in stock too is in the CPU table (the webhook's column) and docs/benchmarks.md.
 func (b *bench) setWebhook(ctx context.Context, mode string) error {
-	if mode != modeStock {
-		return b.cp.RegisterMutatingWebhooks(ctx)
+	if mode == modeStock {
+		return b.cp.UnregisterMutatingWebhooks(ctx)
 	}
-	if err := b.cp.UnregisterMutatingWebhooks(ctx); err != nil || b.replicas != nil {
-		return err
-	}
-	if err := b.cp.UnregisterValidatingWebhooks(ctx); err != nil {
-		return err
-	}
-	return b.stopWebhook()
+	return b.cp.RegisterMutatingWebhooks(ctx)
 }
 
-// serveAs starts the single webhook process afresh before every run that calls it, so that every
-// such run meets a process in the same state (warmUp then sends it its first requests): before a
-// no-op run so that it preallocates for nobody, before a preallocated run with its defaults. The
-// no-op process answers every admission without reading or creating anything, through the same
-// server, certificate and registration as when it preallocates. The leader-loss replicas run
-// with the defaults and are started separately.
+// serveAs makes the single webhook process fit the mode of the next run: it is restarted so that
+// it preallocates for nobody before a no-op run, and with its defaults before a preallocated run
+// that follows one; stock keeps whichever runs. The no-op process answers every admission without
+// reading or creating anything, through the same server, certificate and registration as when it
+// preallocates. The leader-loss replicas run with the defaults and are started separately.
 func (b *bench) serveAs(ctx context.Context, mode string) error {
-	if b.replicas != nil || mode == modeStock {
+	if b.replicas != nil || mode == modeStock || mode == b.serving {
 		return nil
 	}
 	if err := b.stopWebhook(); err != nil {
@@ -235,7 +226,7 @@ func (b *bench) serveAs(ctx context.Context, mode string) error {
 		return err
 	}
 	b.serving = mode
-	return b.cp.RegisterValidatingWebhooks(ctx)
+	return nil
 }
 
 // stopWebhook stops the single webhook process, once its footprint is read if it preallocated.
@@ -259,9 +250,6 @@ var singleWebhook = []string{"--leader-elect=false"}
 // kubelet would.
 func (b *bench) startReplicas(ctx context.Context) error {
 	if err := b.stopWebhook(); err != nil {
-		return err
-	}
-	if err := b.cp.RegisterValidatingWebhooks(ctx); err != nil {
 		return err
 	}
 	rs, err := b.cp.StartReplicas(ctx, 2)
@@ -482,12 +470,12 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 // warmUpRounds is how many times warmUp sends its dry-run creates.
 const warmUpRounds = 3
 
-// warmUp sends the webhook, started afresh for the run (serveAs), as many dry-run Metal3Data
-// creates at once as the run has templates (CAPM3's template loops admit that many at once), a
-// few times. A webhook in a cluster runs for days: the API server's first connections to a new
-// process (TLS handshakes) and the process's first requests are not what the measurement is
-// about. The webhook admits a dry run without preallocating; nothing is stored. Stock runs get
-// the same creates, which no webhook answers, so that every mode starts after the same work.
+// warmUp sends the webhook as many dry-run Metal3Data creates at once as the run has templates
+// (CAPM3's template loops admit that many at once), a few times. A webhook in a cluster runs for
+// days: the API server's first connections to a process restarted for this run (serveAs, TLS
+// handshakes) and its first requests are not what the measurement is about. The webhook admits a
+// dry run without preallocating; nothing is stored. Stock runs get the same creates, which no
+// webhook answers, so that every mode starts after the same work.
 func (b *bench) warmUp(ctx context.Context, ns string, parallel int) error {
 	c, err := b.benchClient()
 	if err != nil {

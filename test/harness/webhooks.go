@@ -12,47 +12,26 @@ import (
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
 // UnregisterMutatingWebhooks deletes config/default's mutating webhook configurations, so that
 // the API server does not call ip-preallocator at all (stock CAPM3).
 func (cp *ControlPlane) UnregisterMutatingWebhooks(ctx context.Context) error {
-	return deleteAll(ctx, cp.Client, cp.Env.WebhookInstallOptions.MutatingWebhooks)
-}
-
-// RegisterMutatingWebhooks installs config/default's mutating webhook configurations again.
-func (cp *ControlPlane) RegisterMutatingWebhooks(ctx context.Context) error {
-	return createAll(ctx, cp.Client, cp.Env.WebhookInstallOptions.MutatingWebhooks)
-}
-
-// UnregisterValidatingWebhooks deletes config/default's validating webhook configurations, so
-// that with the webhook process stopped the API server, as in a cluster without ip-preallocator,
-// neither calls it nor refuses what it would have validated (failurePolicy: Fail).
-func (cp *ControlPlane) UnregisterValidatingWebhooks(ctx context.Context) error {
-	return deleteAll(ctx, cp.Client, cp.Env.WebhookInstallOptions.ValidatingWebhooks)
-}
-
-// RegisterValidatingWebhooks installs config/default's validating webhook configurations again.
-func (cp *ControlPlane) RegisterValidatingWebhooks(ctx context.Context) error {
-	return createAll(ctx, cp.Client, cp.Env.WebhookInstallOptions.ValidatingWebhooks)
-}
-
-func deleteAll[T client.Object](ctx context.Context, c client.Client, objs []T) error {
-	for _, obj := range objs {
-		if err := c.Delete(ctx, obj.DeepCopyObject().(client.Object)); err != nil && !apierrors.IsNotFound(err) {
+	for _, hook := range cp.Env.WebhookInstallOptions.MutatingWebhooks {
+		if err := cp.Client.Delete(ctx, hook.DeepCopy()); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
 	}
 	return nil
 }
 
-func createAll[T client.Object](ctx context.Context, c client.Client, objs []T) error {
-	for _, obj := range objs {
-		obj := obj.DeepCopyObject().(client.Object)
-		obj.SetResourceVersion("")
-		if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+// RegisterMutatingWebhooks installs config/default's mutating webhook configurations again.
+func (cp *ControlPlane) RegisterMutatingWebhooks(ctx context.Context) error {
+	for _, hook := range cp.Env.WebhookInstallOptions.MutatingWebhooks {
+		hook := hook.DeepCopy()
+		hook.ResourceVersion = ""
+		if err := cp.Client.Create(ctx, hook); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
 	}
