@@ -484,18 +484,6 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("after IPAMWait: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}
 
-		// An IPAMWait within the take-over delay adds no wait.
-		c = newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
-		r = newTakeOver(c, c, time.Hour, 100*time.Millisecond)
-		r.IPAMWait = r.HandOverDelay
-		res, err = r.Reconcile(ctx, req)
-		if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
-			t.Fatalf("within the take-over delay: %v %v", res, err)
-		}
-		time.Sleep(res.RequeueAfter)
-		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
-			t.Fatalf("IPAMWait within the delay, nothing answered: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
-		}
 	})
 	t.Run("recorded by an admission of this replica: left to its hand-over", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
@@ -511,16 +499,19 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("no longer pending here: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}
 	})
-	t.Run("recorded: left to the admitting replica, then taken over", func(t *testing.T) {
-		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
-		r := newTakeOver(c, c, time.Hour, 200*time.Millisecond)
-		res, err := r.Reconcile(ctx, req)
-		if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
-			t.Fatalf("first look: %v %v", res, err)
-		}
-		time.Sleep(res.RequeueAfter)
-		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
-			t.Fatalf("take-over: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
+	t.Run("recorded: left to the admitting replica, then taken over, unanswered, when IPAMWait is within the delay", func(t *testing.T) {
+		for _, ipamWait := range []time.Duration{0, 200 * time.Millisecond} {
+			c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
+			r := newTakeOver(c, c, time.Hour, 200*time.Millisecond)
+			r.IPAMWait = ipamWait
+			res, err := r.Reconcile(ctx, req)
+			if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+				t.Fatalf("IPAMWait %v, first look: %v %v", ipamWait, res, err)
+			}
+			time.Sleep(res.RequeueAfter)
+			if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+				t.Fatalf("IPAMWait %v, take-over: %v owners=%v", ipamWait, err, ownedBy(t, c, "tmpl-0-a"))
+			}
 		}
 	})
 	t.Run("the leader hands nothing over, every replica releases nothing", func(t *testing.T) {
