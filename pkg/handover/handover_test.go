@@ -483,7 +483,6 @@ func TestRelease(t *testing.T) {
 		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
 			t.Fatalf("after IPAMWait: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}
-
 	})
 	t.Run("recorded by an admission of this replica: left to its hand-over", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
