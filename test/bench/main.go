@@ -229,8 +229,8 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 }
 
 // runScenarios runs every selected scenario in every mode, then the leader-loss scenario, which
-// replaces the webhook process by two replicas. The single process lives for one run (serveAs,
-// setWebhook); its footprint is read whenever a preallocating one stops (readFootprint).
+// replaces the webhook process by two replicas. The single process is restarted around the no-op
+// runs (serveAs); its footprint is read whenever a preallocating one stops (readFootprint).
 func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 	var later []func() error
 	for _, s := range settings() {

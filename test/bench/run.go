@@ -557,7 +557,7 @@ func (b *bench) drive(ctx context.Context, sc scenario, capm3 *stack.CAPM3, ms [
 
 // readFootprint reads the footprint of the single webhook process: the cache sizes of this
 // read, which come later and so are the largest, and the highest peak memory of any read, since
-// every process lives for one run only.
+// the process is restarted around the no-op runs.
 func (b *bench) readFootprint() error {
 	f, err := b.webhookFootprint()
 	if err != nil {
