@@ -112,17 +112,36 @@ func TestWebhookCostsFromInterleavedNoOp(t *testing.T) {
 
 func TestRaisedLimitsBurstBand(t *testing.T) {
 	q := Comparison{Setting: "raised-limits", Scenario: "burst", NoiseTotal: 0.1,
-		Ratios: []Ratio{newRatio(ratioTotal, []float64{1.1, 1.2, 1.3})}}
-	if _, allowed, err := raisedLimitsBurstVerdict(q); err != nil || math.Abs(allowed-1.2) > 1e-9 {
-		t.Errorf("1.20 against twice a band of 0.10: %v (allowed %.2f)", err, allowed)
+		Ratios: []Ratio{newRatio(ratioTotal, []float64{1.2, 1.3, 1.4})}}
+	if _, allowed, err := raisedLimitsBurstVerdict(q, 0.1); err != nil || math.Abs(allowed-1.3) > 1e-9 {
+		t.Errorf("1.30 against a hand-over of 0.10 and twice a band of 0.10: %v (allowed %.2f)", err, allowed)
 	}
-	q.Ratios = []Ratio{newRatio(ratioTotal, []float64{1.2, 1.3, 1.4})}
-	if _, _, err := raisedLimitsBurstVerdict(q); err == nil {
-		t.Error("1.30 against twice a band of 0.10 passed")
+	if _, _, err := raisedLimitsBurstVerdict(q, 0.05); err == nil {
+		t.Error("1.30 against a hand-over of 0.05 and twice a band of 0.10 passed")
 	}
 	q.NoiseTotal = 0
-	if _, _, err := raisedLimitsBurstVerdict(q); err == nil {
+	if _, _, err := raisedLimitsBurstVerdict(q, 0.1); err == nil {
 		t.Error("no noise band passed")
+	}
+}
+
+func TestHandOverShareCountsStockWrites(t *testing.T) {
+	stock := &Run{Setting: "raised-limits", Scenario: "burst", Mode: modeStock, N: 10, ClaimsByCAPM3: 30,
+		Requests: map[string]map[string]float64{
+			"capm3":       {"create ipclaims": 3, "get secrets": 8, "patch metal3datas/status": 2},
+			"metal3-ipam": {"patch ipclaims": 3, "create ipaddresses": 3, "delete ipaddresses": 1},
+			"webhook":     {"list ipclaims": 1},
+		}}
+	preallocated := &Run{Setting: "raised-limits", Scenario: "burst", Mode: modePreallocated, N: 10,
+		Requests: map[string]map[string]float64{"webhook": {"patch ipclaims": 30}}}
+	other := &Run{Setting: "raised-limits", Scenario: "burst-spread", Mode: modeStock, N: 10, ClaimsByCAPM3: 30,
+		Requests: map[string]map[string]float64{"capm3": {"create ipclaims": 300}}}
+	// 3 claims per Metal3Data over 12 writes per Metal3Data; reads, other modes and scenarios left out.
+	if got := handOverShare([]*Run{stock, preallocated, other}, "raised-limits", "burst"); math.Abs(got-0.25) > 1e-9 {
+		t.Errorf("handOverShare = %.3f, want 0.25", got)
+	}
+	if got := handOverShare([]*Run{preallocated}, "raised-limits", "burst"); got != 0 {
+		t.Errorf("handOverShare without stock runs = %.3f, want 0", got)
 	}
 }
 

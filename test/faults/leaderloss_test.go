@@ -143,11 +143,18 @@ func ms(d time.Duration) string { return d.Round(time.Millisecond).String() }
 // median. The window has several times as many Metal3Data as the idle reference, a few admitted
 // at once, so its maximum is drawn from more tries, and the load of a shared 2-core machine
 // changes within a minute: in a first trial, while the load average rose from 4 to 13, the window's
-// maximum exceeded the idle maximum by twice the idle spread (twice was the margin then). A hand-over that waits for the lease costs
-// 15 s or more (the lease expires, then CAPM3's requeue), far beyond the margin.
+// maximum exceeded the idle maximum by twice the idle spread (twice was the margin then), and in a
+// clean-clone run by four times it plus 7 ms (one Metal3Data 301 ms into the window against 294).
+// Hence a floor of minMargin. A hand-over that waits for the lease costs 15 s or more (the lease
+// expires, then CAPM3's requeue), one left to another replica's take-over its delay (5 s by
+// default): both far beyond the margin.
 func noiseMargin(idle []time.Duration) time.Duration {
-	return max(4*(percentile(idle, 1)-percentile(idle, 0)), 2*percentile(idle, 0.5))
+	return max(4*(percentile(idle, 1)-percentile(idle, 0)), 2*percentile(idle, 0.5), minMargin)
 }
+
+// minMargin is a tenth of the take-over's default delay, the least a Metal3Data the surviving
+// replica admitted but did not hand over itself would wait.
+const minMargin = 500 * time.Millisecond
 
 func runLeaderLoss(ctx context.Context, sc *scenario) {
 	sc.webhookFaults = true
@@ -405,7 +412,7 @@ func runLeaderLoss(ctx context.Context, sc *scenario) {
 		killed, ms(killAt.Sub(streamed[0].sent)), ms(killAt.Sub(holdFrom)), survivor, ms(electedAt.Sub(killAt)), ms(acquired.Sub(killAt)))
 	sc.figure("time-to-Ready (create sent to Ready with its secrets rendered), idle reference, %d Metal3Data one at a time (half before the kill, half after): p50 %v, min %v, max %v",
 		len(idleTimes), ms(idleP50), ms(percentile(idleTimes, 0)), ms(idleMax))
-	sc.figure("time-to-Ready of the %d Metal3Data admitted by the surviving replica during the election window: p50 %v, max %v; allowed: p50 %v, max %v (the idle figures plus a noise margin of %v: four times the idle spread, at least twice the idle p50)",
+	sc.figure("time-to-Ready of the %d Metal3Data admitted by the surviving replica during the election window: p50 %v, max %v; allowed: p50 %v, max %v (the idle figures plus a noise margin of %v: four times the idle spread, at least twice the idle p50 and 500ms)",
 		len(windowTimes), ms(winP50), ms(winMax), ms(idleP50+margin), ms(idleMax+margin), ms(margin))
 	orphanTimes := durations(killedOrphans)
 	sc.figure("the killed leader admitted %d Metal3Data of the stream: %d handed over by itself, %d not (it died first); those were handed over %v after the kill (p50; max %v), %d by replica %d, and were Ready in p50 %v, max %v",
