@@ -53,7 +53,6 @@ type options struct {
 	admissionTimeout  time.Duration
 	claimTimeout      time.Duration
 	claimWait         time.Duration
-	streamWindow      time.Duration
 	reusedNameHoldoff time.Duration
 	releaseGrace      time.Duration
 	releaseHold       time.Duration
@@ -84,10 +83,11 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"How long one admission may take, from the request's start; the API server's own timeout for the call, when shorter, bounds it too.")
 	fs.DurationVar(&o.claimTimeout, "claim-creation-timeout", 10*time.Second,
 		"How long creating the claims of one admitted Metal3Data may take, retries included, also after the admission answered.")
-	fs.DurationVar(&o.claimWait, "claim-wait", 250*time.Millisecond,
-		"How long admission waits for its claims (stored after a pause, sent in a stream) before it answers anyway.")
-	fs.DurationVar(&o.streamWindow, "stream-window", 250*time.Millisecond,
-		"Admissions less than this apart form a stream: each answers once its claims' create requests are sent, not stored.")
+	fs.DurationVar(&o.claimWait, "claim-wait", 50*time.Millisecond,
+		"How long admission waits for its claims' create requests to be sent (the client rate limit may hold them) before it answers anyway.")
+	// Accepted so that a Deployment that still sets it keeps starting.
+	fs.Duration("stream-window", 0, "Ignored.")
+	_ = fs.MarkDeprecated("stream-window", "admission now always answers once its claims' create requests are sent; the flag is ignored")
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
@@ -226,7 +226,6 @@ func run(ctx context.Context, o options) error {
 			APIReader: mgr.GetAPIReader(),
 		},
 		CreateTimeout: o.claimTimeout,
-		StreamWindow:  o.streamWindow,
 		Wait:          o.claimWait,
 		IPAMWait:      o.ipamWait,
 	}

@@ -35,10 +35,8 @@ type Admissions struct {
 	Creator *allocation.Creator
 	// CreateTimeout bounds the creation of one admission's claims, retries included.
 	CreateTimeout time.Duration
-	// StreamWindow is how close to the previous admission with claims an admission must come
-	// to be part of a stream (see Admitted).
-	StreamWindow time.Duration
-	// Wait bounds how long an admission waits for its claims.
+	// Wait bounds how long an admission waits for its claims' create requests to be sent (see
+	// Admitted).
 	Wait time.Duration
 	// IPAMWait bounds how long the hand-over of an admission made while the IPAM is behind (a
 	// claim this replica created has waited more than ipamBehind, since its create returned, and
@@ -53,7 +51,6 @@ type Admissions struct {
 	// unanswered are the claims this replica created that the IPAM has not answered yet, with when
 	// their creation started.
 	unanswered map[claimKey]time.Time
-	lastCreate time.Time
 	running    sync.WaitGroup
 	once       sync.Once
 	created    chan event.GenericEvent
@@ -114,22 +111,15 @@ func (a *Admissions) Start(ctx context.Context) error {
 // NeedLeaderElection is false: every replica admits.
 func (a *Admissions) NeedLeaderElection() bool { return false }
 
-// streamSendWait bounds the wait for the create requests in a stream: writing them takes well
-// under a millisecond unless the client's rate limiter holds them, and then a longer wait would
-// only hold one of the API server's in-flight requests, which the creates need too.
-const streamSendWait = 50 * time.Millisecond
-
 // Admitted records this replica's admission of the Metal3Data key: claims it recorded under the
-// admission token, created now, and a warning for the operator. It returns once the claims are
-// stored when the admission follows a pause, and once their create requests are on the wire when
-// it follows the previous one within StreamWindow (then at most streamSendWait); in both cases
-// within Wait, or when ctx ends.
+// admission token, created now, and a warning for the operator. It returns once the claims'
+// create requests are on the wire to the API server, within Wait, or when ctx ends.
 //
-// In a stream (CAPM3's template controller creates the Metal3Data of a template one after
-// another) every write admission waited for would be paid once per machine, in series; sending
-// is enough there, since the API server stores the Metal3Data only after the answer and CAPM3
-// reads two Secrets and the BareMetalHost live before it creates claims. After a pause the wait
-// costs nobody, and claims stored before the Metal3Data give the IPAM the longest head start.
+// Sending is enough: the API server stores the Metal3Data only after the answer, and CAPM3 reads
+// two Secrets and the BareMetalHost live before it creates claims, so the creates arrive first.
+// Every write admission waited for would be paid once per machine, in series, where CAPM3's
+// template controller creates the Metal3Data of a template one after another; waiting until they
+// are stored, even only after a pause, held a burst's whole stream behind its first admission.
 func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
 	a.init()
 	a.mu.Lock()
@@ -147,38 +137,29 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 			delete(a.unanswered, k)
 		}
 	}
-	stream := len(claims) > 0 && now.Sub(a.lastCreate) < a.StreamWindow
 	v := &admitted{token: token, warning: warning, at: now, creating: len(claims) > 0}
 	if len(claims) > 0 && a.IPAMWait > 0 && a.behind(now) {
 		v.answerBy = now.Add(a.IPAMWait)
 	}
 	a.pending[key] = v
-	if len(claims) > 0 {
-		a.lastCreate = now
-	}
 	a.mu.Unlock()
 	if len(claims) == 0 {
 		return
 	}
 	var onWire sync.WaitGroup
 	onWire.Add(len(claims))
-	sent, stored := make(chan struct{}), make(chan struct{})
+	sent := make(chan struct{})
 	go func() {
 		onWire.Wait()
 		close(sent)
 	}()
 	a.running.Go(func() {
-		defer close(stored)
 		a.create(key, token, claims, onWire.Done)
 	})
-	ready, limit := stored, a.Wait
-	if stream {
-		ready, limit = sent, min(a.Wait, streamSendWait)
-	}
-	wait := time.NewTimer(limit)
+	wait := time.NewTimer(a.Wait)
 	defer wait.Stop()
 	select {
-	case <-ready:
+	case <-sent:
 	case <-wait.C:
 	case <-ctx.Done():
 	}

@@ -3,12 +3,12 @@ package handover
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,16 +197,14 @@ func TestShutdownWaitsForCreations(t *testing.T) {
 	}
 }
 
-// TestWaitsForStoredAfterAPauseForSentInAStream: against an API server that holds its answers,
-// an admission after a pause waits until its claims are stored, one right after it only until
-// their create requests are sent.
-func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
-	var hold atomic.Pointer[chan struct{}]
-	first := make(chan struct{})
-	hold.Store(&first)
+// TestAdmissionWaitsUntilTheCreatesAreSent: against an API server that holds its answers, an
+// admission, the first as every later one, returns once its claims' create requests are sent, not
+// stored; and within Wait when they cannot be sent.
+func TestAdmissionWaitsUntilTheCreatesAreSent(t *testing.T) {
+	release := make(chan struct{})
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		<-*hold.Load()
+		<-release
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(body)
@@ -214,6 +212,7 @@ func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	defer srv.Close()
+	defer close(release)
 	mapper := meta.NewDefaultRESTMapper(nil)
 	mapper.Add(allocation.IPClaimGVK, meta.RESTScopeNamespace)
 	c, err := client.New(&rest.Config{Host: srv.URL, TLSClientConfig: rest.TLSClientConfig{Insecure: true}},
@@ -222,25 +221,28 @@ func TestWaitsForStoredAfterAPauseForSentInAStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	cache := newClient(interceptor.Funcs{})
-	a := &Admissions{TTL: time.Minute, CreateTimeout: 10 * time.Second, StreamWindow: time.Minute, Wait: 5 * time.Second,
+	a := &Admissions{TTL: time.Minute, CreateTimeout: 10 * time.Second, Wait: 5 * time.Second,
 		Creator: &allocation.Creator{Client: c, Cache: cache, APIReader: cache}}
-
-	const held = 300 * time.Millisecond
-	time.AfterFunc(held, func() { close(first) })
-	start := time.Now()
-	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
-	if took := time.Since(start); took < held || took > 4*time.Second {
-		t.Errorf("after a pause the admission waited %v, the API server held the creates %v", took, held)
+	for i, name := range []string{"tmpl-0", "tmpl-1"} {
+		start := time.Now()
+		a.Admitted(context.Background(), types.NamespacedName{Namespace: dataKey.Namespace, Name: name}, fmt.Sprint("t", i), planned(), "")
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("admission %d waited %v for creates the API server holds", i, took)
+		}
 	}
 
-	second := make(chan struct{})
-	hold.Store(&second)
-	defer close(second)
-	next := types.NamespacedName{Namespace: dataKey.Namespace, Name: "tmpl-1"}
-	start = time.Now()
-	a.Admitted(context.Background(), next, "t2", planned(), "")
-	if took := time.Since(start); took > 2*time.Second {
-		t.Errorf("in a stream the admission waited %v for creates the API server holds", took)
+	unsent := make(chan struct{})
+	defer close(unsent)
+	held := newClient(interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+		<-unsent
+		return nil
+	}})
+	a = &Admissions{TTL: time.Minute, CreateTimeout: 10 * time.Second, Wait: 200 * time.Millisecond,
+		Creator: &allocation.Creator{Client: held, Cache: cache, APIReader: cache}}
+	start := time.Now()
+	a.Admitted(context.Background(), dataKey, "t2", planned(), "")
+	if took := time.Since(start); took < 200*time.Millisecond || took > 2*time.Second {
+		t.Errorf("with creates that are never sent the admission waited %v, want Wait (200ms)", took)
 	}
 }
 

@@ -120,8 +120,9 @@ func TestHandOverController(t *testing.T) {
 	}
 }
 
-// TestHandOverWaitsForTheIPAM: for an admission in a stream, the claims are handed over together
-// once the IPAM has answered every one (the address in its status), or once IPAMWait has passed.
+// TestHandOverWaitsForTheIPAM: for an admission made while the IPAM is behind, the claims are
+// handed over together once the IPAM has answered every one (the address in its status), or once
+// IPAMWait has passed.
 func TestHandOverWaitsForTheIPAM(t *testing.T) {
 	var h *HandOver
 	req := ctrl.Request{NamespacedName: dataKey}
@@ -182,8 +183,9 @@ func TestHandOverWaitsForTheIPAM(t *testing.T) {
 		}
 	}
 
-	// The IPAM never answers: handed over once IPAMWait has passed; and at once after a pause.
-	for name, answerBy := range map[string]time.Time{"past IPAMWait": time.Now().Add(-time.Second), "after a pause": {}} {
+	// The IPAM never answers: handed over once IPAMWait has passed; and at once when the admission
+	// came while the IPAM kept up.
+	for name, answerBy := range map[string]time.Time{"past IPAMWait": time.Now().Add(-time.Second), "IPAM not behind": {}} {
 		c = newClient(interceptor.Funcs{}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), claim("tmpl-0-a", "t1"), claim("tmpl-0-b", "t1"))
 		h = &HandOver{Client: c, Recorder: events.NewFakeRecorder(10), Admissions: &Admissions{TTL: time.Minute}}
 		createdHere(h.Admissions, "t1", "tmpl-0-a", "tmpl-0-b")
