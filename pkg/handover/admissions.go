@@ -336,23 +336,26 @@ func (a *Admissions) Claims(key types.NamespacedName, token string) (refs []allo
 	return v.claims, v.answerBy, true
 }
 
-// Pending tells whether anything is left to do for the Metal3Data key, stored with annotations.
+// Pending tells whether anything is left to do for the Metal3Data key, stored with annotations:
+// only if this replica's admission is the one stored, whose token the annotations carry (none
+// when it recorded no claims). A warning of an earlier admission of the name, never stored, is not
+// about a Metal3Data another replica admitted.
 func (a *Admissions) Pending(key types.NamespacedName, annotations map[string]string) bool {
 	a.init()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, ok := a.pending[key]
-	return ok && (v.warning != "" || v.token != "" && v.token == annotations[allocation.AdmissionAnnotation])
+	return ok && v.token == annotations[allocation.AdmissionAnnotation] && (v.warning != "" || v.token != "")
 }
 
-// TakeWarning returns the warning for the Metal3Data key once the admission's claims are
-// created, once.
-func (a *Admissions) TakeWarning(key types.NamespacedName) string {
+// TakeWarning returns the warning of the admission token of the Metal3Data key once its claims
+// are created, once.
+func (a *Admissions) TakeWarning(key types.NamespacedName, token string) string {
 	a.init()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, ok := a.pending[key]
-	if !ok || v.warning == "" || v.creating {
+	if !ok || v.token != token || v.warning == "" || v.creating {
 		return ""
 	}
 	warning := v.warning

@@ -182,10 +182,10 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		// Not stored yet: its create event comes back here.
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if warning := h.Admissions.TakeWarning(req.NamespacedName); warning != "" {
+	token := data.Annotations[allocation.AdmissionAnnotation]
+	if warning := h.Admissions.TakeWarning(req.NamespacedName, token); warning != "" {
 		h.Recorder.Eventf(data, nil, corev1.EventTypeWarning, "PreallocationIncomplete", "Preallocate", "%s", warning)
 	}
-	token := data.Annotations[allocation.AdmissionAnnotation]
 	refs, answerBy, ok := h.Admissions.Claims(req.NamespacedName, token)
 	if !ok {
 		// Not this replica's admission, or its claims are still being created: the end of their

@@ -267,6 +267,30 @@ func TestWarningEvent(t *testing.T) {
 	}
 }
 
+// TestWarningOfAnotherAdmission: a warning this replica's admission of a name gave, when that
+// admission was never stored, is neither pending for nor recorded on the Metal3Data of that name
+// another replica admitted.
+func TestWarningOfAnotherAdmission(t *testing.T) {
+	for name, token := range map[string]string{"admission without claims": "", "admission with claims": "t1"} {
+		t.Run(name, func(t *testing.T) {
+			c := newClient(interceptor.Funcs{}, metal3Data("t2", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
+			recorder := events.NewFakeRecorder(10)
+			h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
+			h.Admissions.init()
+			h.Admissions.pending[dataKey] = &admitted{token: token, warning: "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout", at: time.Now()}
+			if h.Admissions.Pending(dataKey, map[string]string{allocation.AdmissionAnnotation: "t2"}) {
+				t.Error("pending for the Metal3Data another replica admitted")
+			}
+			if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(recorder.Events); n != 0 {
+				t.Errorf("%d events on the Metal3Data another replica admitted: %q", n, <-recorder.Events)
+			}
+		})
+	}
+}
+
 // createdHere records that this replica's admission token created the IPClaims names for dataKey.
 func createdHere(a *Admissions, token string, names ...string) {
 	a.init()
