@@ -58,10 +58,10 @@ type Creator struct {
 }
 
 // Create makes sure every planned claim of the Metal3Data named dataName exists, concurrently,
-// claimed by the admission token, and stops waiting when ctx ends. It runs after the admission is
-// answered, so it may meet a claim CAPM3 created meanwhile: that one is foreign. sent, when not
-// nil, is called once per claim as soon as its create request is on the wire to the API server,
-// or its handling ended without one.
+// claimed by the admission token, and stops waiting when ctx ends. The admission answers once the
+// requests are sent, so it may meet a claim CAPM3 created meanwhile: that one is foreign. sent,
+// when not nil, is called once per claim as soon as its create or reclaim request is on the wire
+// to the API server, or its handling ended without one.
 // A claim that already exists under one of the names CAPM3 looks for is never modified, unless it
 // waits for this name with the planned spec: then only its AdmissionAnnotation and
 // DataClaimAnnotation change.
@@ -95,19 +95,14 @@ func (c *Creator) create(ctx context.Context, dataName, token string, claim Clai
 		return Result{Claim: claim, Name: claim.Object.GetName(), Outcome: Failed, Err: err}
 	}
 	if existing != nil {
-		return c.classify(ctx, claim, existing, dataName, token)
+		return c.classify(ctx, claim, existing, dataName, token, sent)
 	}
 
 	obj := claim.Preallocated(token)
-	onWire := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(info httptrace.WroteRequestInfo) {
-		if info.Err == nil {
-			sent()
-		}
-	}})
 	// A throttled or failing API server is retried within the creation's deadline: every claim
 	// left to CAPM3 costs the head start.
 	err = withRetries(ctx, isTransient, func() error {
-		return c.Client.Create(onWire, obj.DeepCopyObject().(client.Object))
+		return c.Client.Create(onWire(ctx, sent), obj.DeepCopyObject().(client.Object))
 	})
 	if err == nil {
 		return Result{Claim: claim, Name: obj.GetName(), Outcome: Created}
@@ -119,7 +114,16 @@ func (c *Creator) create(ctx context.Context, dataName, token string, claim Clai
 	if err != nil {
 		return Result{Claim: claim, Name: obj.GetName(), Outcome: Failed, Err: fmt.Errorf("reading existing %s %s: %w", claim.Kind(), obj.GetName(), err)}
 	}
-	return c.classify(ctx, claim, existing, dataName, token)
+	return c.classify(ctx, claim, existing, dataName, token, sent)
+}
+
+// onWire calls sent once a request made with the returned context is written to the API server.
+func onWire(ctx context.Context, sent func()) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(info httptrace.WroteRequestInfo) {
+		if info.Err == nil {
+			sent()
+		}
+	}})
 }
 
 // lookup returns the claim CAPM3 would use instead of creating one: the first that r knows under
@@ -180,8 +184,9 @@ func IsPreallocatedFor(claim metav1.Object, dataName string) bool {
 		len(claim.GetOwnerReferences()) == 0 && claim.GetDeletionTimestamp() == nil
 }
 
-// classify decides what an existing claim is to this admission, and reclaims it when it is ours.
-func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Object, dataName, token string) Result {
+// classify decides what an existing claim is to this admission, and reclaims it when it is ours;
+// sent is called once the reclaim's patch is on the wire, as a create's.
+func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Object, dataName, token string, sent func()) Result {
 	name := existing.GetName()
 	if !IsPreallocatedFor(existing, dataName) {
 		return Result{Claim: claim, Name: name, Outcome: Foreign, Err: foreign(claim, existing)}
@@ -198,7 +203,7 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 			return nil
 		}
 		full.GetObjectKind().SetGroupVersionKind(claim.GVK())
-		return Reclaim(ctx, c.Client, full, token, claim.DataClaim)
+		return Reclaim(onWire(ctx, sent), c.Client, full, token, claim.DataClaim)
 	})
 	if err != nil {
 		return Result{Claim: claim, Name: name, Outcome: Failed, Err: fmt.Errorf("reclaiming %s %s: %w", claim.Kind(), name, err)}

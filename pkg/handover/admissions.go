@@ -58,7 +58,9 @@ type Admissions struct {
 }
 
 type admitted struct {
-	token    string
+	token string
+	// stored is the admission token the stored Metal3Data carries if it is this admission's.
+	stored   string
 	warning  string
 	at       time.Time
 	creating bool
@@ -112,7 +114,8 @@ func (a *Admissions) Start(ctx context.Context) error {
 func (a *Admissions) NeedLeaderElection() bool { return false }
 
 // Admitted records this replica's admission of the Metal3Data key: claims it recorded under the
-// admission token, created now, and a warning for the operator. It returns once the claims'
+// admission token, created now, a warning for the operator, and the admission token the stored
+// Metal3Data will carry. It returns once the claims'
 // create requests are on the wire to the API server, within Wait, or when ctx ends.
 //
 // Sending is enough: the API server stores the Metal3Data only after the answer, and CAPM3 reads
@@ -120,7 +123,7 @@ func (a *Admissions) NeedLeaderElection() bool { return false }
 // Every write admission waited for would be paid once per machine, in series, where CAPM3's
 // template controller creates the Metal3Data of a template one after another; waiting until they
 // are stored, even only after a pause, held a burst's whole stream behind its first admission.
-func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
+func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, token, stored string, claims []allocation.Claim, warning string) {
 	a.init()
 	a.mu.Lock()
 	now := time.Now()
@@ -137,7 +140,7 @@ func (a *Admissions) Admitted(ctx context.Context, key types.NamespacedName, tok
 			delete(a.unanswered, k)
 		}
 	}
-	v := &admitted{token: token, warning: warning, at: now, creating: len(claims) > 0}
+	v := &admitted{token: token, stored: stored, warning: warning, at: now, creating: len(claims) > 0}
 	if len(claims) > 0 && a.IPAMWait > 0 && a.behind(now) {
 		v.answerBy = now.Add(a.IPAMWait)
 	}
@@ -337,25 +340,25 @@ func (a *Admissions) Claims(key types.NamespacedName, token string) (refs []allo
 }
 
 // Pending tells whether anything is left to do for the Metal3Data key, stored with annotations:
-// only if this replica's admission is the one stored, whose token the annotations carry (none
-// when it recorded no claims). A warning of an earlier admission of the name, never stored, is not
-// about a Metal3Data another replica admitted.
+// only if they carry the admission token this replica's admission left on it, so that a warning
+// of an admission never stored is not taken for one of a Metal3Data another replica admitted
+// with claims. (Two admissions that recorded no claims leave the same token, if any.)
 func (a *Admissions) Pending(key types.NamespacedName, annotations map[string]string) bool {
 	a.init()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, ok := a.pending[key]
-	return ok && v.token == annotations[allocation.AdmissionAnnotation] && (v.warning != "" || v.token != "")
+	return ok && v.stored == annotations[allocation.AdmissionAnnotation] && (v.warning != "" || v.token != "")
 }
 
-// TakeWarning returns the warning of the admission token of the Metal3Data key once its claims
-// are created, once.
-func (a *Admissions) TakeWarning(key types.NamespacedName, token string) string {
+// TakeWarning returns the warning of this replica's admission of the Metal3Data key, stored with
+// the admission token stored, once its claims are created, once.
+func (a *Admissions) TakeWarning(key types.NamespacedName, stored string) string {
 	a.init()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, ok := a.pending[key]
-	if !ok || v.token != token || v.warning == "" || v.creating {
+	if !ok || v.stored != stored || v.warning == "" || v.creating {
 		return ""
 	}
 	warning := v.warning

@@ -73,7 +73,7 @@ func TestAdmittedCreatesAfterTheAnswer(t *testing.T) {
 
 	returned := make(chan struct{})
 	go func() {
-		a.Admitted(context.Background(), dataKey, "t1", planned(), "")
+		a.Admitted(context.Background(), dataKey, "t1", "t1", planned(), "")
 		close(returned)
 	}()
 	select {
@@ -122,7 +122,7 @@ func TestCreationFailureIsAWarningEvent(t *testing.T) {
 	a := newAdmissions(c)
 	recorder := events.NewFakeRecorder(10)
 	h := &HandOver{Client: c, Recorder: recorder, Admissions: a}
-	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
+	a.Admitted(context.Background(), dataKey, "t1", "t1", planned(), "")
 	created(t, a)
 	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
 		t.Fatal(err)
@@ -152,7 +152,7 @@ func TestClaimCAPM3CreatedFirstIsLeftAlone(t *testing.T) {
 	capm3s.OwnerReferences = []metav1.OwnerReference{allocation.OwnerReference(metal3Data("", ""))}
 	c := newClient(interceptor.Funcs{}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), capm3s)
 	a := newAdmissions(c)
-	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
+	a.Admitted(context.Background(), dataKey, "t1", "t1", planned(), "")
 	created(t, a)
 	refs, _, _ := a.Claims(dataKey, "t1")
 	if allocation.FormatClaims(refs) != "IPClaim/tmpl-0-a" {
@@ -176,7 +176,7 @@ func TestShutdownWaitsForCreations(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error)
 	go func() { stopped <- a.Start(ctx) }()
-	a.Admitted(context.Background(), dataKey, "t1", planned(), "")
+	a.Admitted(context.Background(), dataKey, "t1", "t1", planned(), "")
 	cancel()
 	select {
 	case err := <-stopped:
@@ -225,7 +225,7 @@ func TestAdmissionWaitsUntilTheCreatesAreSent(t *testing.T) {
 		Creator: &allocation.Creator{Client: c, Cache: cache, APIReader: cache}}
 	for i, name := range []string{"tmpl-0", "tmpl-1"} {
 		start := time.Now()
-		a.Admitted(context.Background(), types.NamespacedName{Namespace: dataKey.Namespace, Name: name}, fmt.Sprint("t", i), planned(), "")
+		a.Admitted(context.Background(), types.NamespacedName{Namespace: dataKey.Namespace, Name: name}, fmt.Sprint("t", i), fmt.Sprint("t", i), planned(), "")
 		if took := time.Since(start); took > 2*time.Second {
 			t.Errorf("admission %d waited %v for creates the API server holds", i, took)
 		}
@@ -240,7 +240,7 @@ func TestAdmissionWaitsUntilTheCreatesAreSent(t *testing.T) {
 	a = &Admissions{TTL: time.Minute, CreateTimeout: 10 * time.Second, Wait: 200 * time.Millisecond,
 		Creator: &allocation.Creator{Client: held, Cache: cache, APIReader: cache}}
 	start := time.Now()
-	a.Admitted(context.Background(), dataKey, "t2", planned(), "")
+	a.Admitted(context.Background(), dataKey, "t2", "t2", planned(), "")
 	if took := time.Since(start); took < 200*time.Millisecond || took > 2*time.Second {
 		t.Errorf("with creates that are never sent the admission waited %v, want Wait (200ms)", took)
 	}
@@ -264,7 +264,7 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 		t.Helper()
 		key := types.NamespacedName{Namespace: dataKey.Namespace, Name: name}
 		data := &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: name}}
-		a.Admitted(context.Background(), key, "t-"+name, allocation.Plan(data, []allocation.PoolRef{
+		a.Admitted(context.Background(), key, "t-"+name, "t-"+name, allocation.Plan(data, []allocation.PoolRef{
 			{Name: "a", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind},
 		}, name, false), "")
 		select {

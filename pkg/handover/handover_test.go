@@ -247,7 +247,7 @@ func TestWarningEvent(t *testing.T) {
 	c := newClient(interceptor.Funcs{}, metal3Data("", ""))
 	recorder := events.NewFakeRecorder(10)
 	h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
-	h.Admissions.Admitted(context.Background(), dataKey, "", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout")
+	h.Admissions.Admitted(context.Background(), dataKey, "", "", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout")
 	if !h.Admissions.Pending(dataKey, nil) {
 		t.Fatal("a warning is not pending")
 	}
@@ -277,7 +277,7 @@ func TestWarningOfAnotherAdmission(t *testing.T) {
 			recorder := events.NewFakeRecorder(10)
 			h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
 			h.Admissions.init()
-			h.Admissions.pending[dataKey] = &admitted{token: token, warning: "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout", at: time.Now()}
+			h.Admissions.pending[dataKey] = &admitted{token: token, stored: token, warning: "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout", at: time.Now()}
 			if h.Admissions.Pending(dataKey, map[string]string{allocation.AdmissionAnnotation: "t2"}) {
 				t.Error("pending for the Metal3Data another replica admitted")
 			}
@@ -291,10 +291,28 @@ func TestWarningOfAnotherAdmission(t *testing.T) {
 	}
 }
 
+// TestWarningOnACopiedMetal3Data: a Metal3Data created with the admission token of another
+// object (a copy, a restore) and admitted with only a warning gets the warning as an Event.
+func TestWarningOnACopiedMetal3Data(t *testing.T) {
+	c := newClient(interceptor.Funcs{}, metal3Data("earlier-token", "IPClaim/tmpl-0-a"))
+	recorder := events.NewFakeRecorder(10)
+	h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
+	h.Admissions.Admitted(context.Background(), dataKey, "", "earlier-token", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: exists and does not belong")
+	if !h.Admissions.Pending(dataKey, map[string]string{allocation.AdmissionAnnotation: "earlier-token"}) {
+		t.Error("the warning is not pending")
+	}
+	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(recorder.Events); n != 1 {
+		t.Errorf("%d events, want the warning", n)
+	}
+}
+
 // createdHere records that this replica's admission token created the IPClaims names for dataKey.
 func createdHere(a *Admissions, token string, names ...string) {
 	a.init()
-	v := &admitted{token: token, at: time.Now()}
+	v := &admitted{token: token, stored: token, at: time.Now()}
 	for _, name := range names {
 		v.claims = append(v.claims, allocation.ClaimRef{Kind: allocation.KindIPClaim, Name: name})
 	}

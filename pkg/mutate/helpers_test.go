@@ -17,8 +17,8 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// newPreallocator reads through c; what it admits is created at once, as the replica's
-// Admissions would after the answer.
+// newPreallocator reads through c; what it admits is created at once, where the replica's
+// Admissions answers once the creates are sent.
 func newPreallocator(c client.Client, bmhNameBased bool) *Preallocator {
 	creator := &allocation.Creator{Client: c, Cache: c, APIReader: c}
 	return &Preallocator{
@@ -26,7 +26,7 @@ func newPreallocator(c client.Client, bmhNameBased bool) *Preallocator {
 		Decoder:      admission.NewDecoder(fixtures.Scheme()),
 		BMHNameBased: bmhNameBased,
 		Timeout:      time.Second,
-		OnAdmitted: func(_ context.Context, key types.NamespacedName, token string, claims []allocation.Claim, _ string) {
+		OnAdmitted: func(_ context.Context, key types.NamespacedName, token, _ string, claims []allocation.Claim, _ string) {
 			creator.Create(context.Background(), key.Name, token, claims, nil)
 		},
 	}

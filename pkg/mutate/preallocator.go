@@ -67,7 +67,8 @@ const (
 
 // Preallocator is the mutating admission handler for Metal3Data CREATE: it plans the IP claims
 // CAPM3 would create in its first reconcile, records them in allocation.ClaimsAnnotation, and
-// hands them to OnAdmitted, which creates them once the answer is sent. It admits every
+// hands them to OnAdmitted, which starts creating them and returns once their requests are sent,
+// before the answer. It admits every
 // Metal3Data; when it cannot preallocate, it changes nothing and CAPM3 claims as usual.
 type Preallocator struct {
 	// Reader resolves the objects CAPM3 reads and the claims that exist; it should be the
@@ -91,9 +92,10 @@ type Preallocator struct {
 	Deletions *Deletions
 	// OnAdmitted is told of every admission, dry runs aside, that recorded claims on its
 	// Metal3Data (token and the claims to create) or has a warning for the operator, before the
-	// answer. It may wait until the creates are sent, never for a write: CAPM3's template
-	// controller creates Metal3Data one after another.
-	OnAdmitted func(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim, warning string)
+	// answer, with the admission token the stored Metal3Data will carry (token, or when it records
+	// no claims the one the object came with, if any). It may wait until the creates are sent,
+	// never for a write: CAPM3's template controller creates Metal3Data one after another.
+	OnAdmitted func(ctx context.Context, key types.NamespacedName, token, stored string, claims []allocation.Claim, warning string)
 }
 
 var _ admission.Handler = &Preallocator{}
@@ -249,7 +251,11 @@ func (p *Preallocator) skipped(ctx context.Context, data *infrav1.Metal3Data, s 
 
 func (p *Preallocator) admitted(ctx context.Context, data *infrav1.Metal3Data, token string, claims []allocation.Claim, warnings ...string) {
 	if p.OnAdmitted != nil && data.Name != "" {
-		p.OnAdmitted(ctx, types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, claims, strings.Join(warnings, "; "))
+		stored := token
+		if stored == "" {
+			stored = data.Annotations[allocation.AdmissionAnnotation]
+		}
+		p.OnAdmitted(ctx, types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, stored, claims, strings.Join(warnings, "; "))
 	}
 }
 

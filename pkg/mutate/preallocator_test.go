@@ -234,7 +234,7 @@ func TestForeignClaimIsLeftToCAPM3(t *testing.T) {
 	c := fixtures.NewClient(append(m.Objects(), foreignClaim(t, m, "pool-capi")), nil)
 	var admitted []allocation.Claim
 	p := newPreallocator(c, false)
-	p.OnAdmitted = func(_ context.Context, _ types.NamespacedName, _ string, claims []allocation.Claim, _ string) {
+	p.OnAdmitted = func(_ context.Context, _ types.NamespacedName, _, _ string, claims []allocation.Claim, _ string) {
 		admitted = claims
 	}
 	req := fixtures.CreateRequest(t, m.Data, false)
@@ -275,7 +275,7 @@ func TestAdmissionWritesNothing(t *testing.T) {
 	})
 	p := newPreallocator(c, false)
 	var admitted []allocation.Claim
-	p.OnAdmitted = func(_ context.Context, _ types.NamespacedName, _ string, claims []allocation.Claim, _ string) {
+	p.OnAdmitted = func(_ context.Context, _ types.NamespacedName, _, _ string, claims []allocation.Claim, _ string) {
 		admitted = claims
 	}
 	resp := p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
@@ -371,7 +371,7 @@ func TestOnAdmitted(t *testing.T) {
 	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
 	p := newPreallocator(fixtures.NewClient(append(m.Objects(), foreignClaim(t, m, "pool-capi")), nil), false)
 	var got []string
-	p.OnAdmitted = func(_ context.Context, key types.NamespacedName, token string, claims []allocation.Claim, warning string) {
+	p.OnAdmitted = func(_ context.Context, key types.NamespacedName, token, _ string, claims []allocation.Claim, warning string) {
 		got = append(got, fmt.Sprintf("%s token=%s claims=%d warned=%v", key, token, len(claims), strings.Contains(warning, "left to CAPM3")))
 	}
 	p.Handle(context.Background(), fixtures.CreateRequest(t, m.Data, false))
@@ -382,5 +382,28 @@ func TestOnAdmitted(t *testing.T) {
 	want := []string{fmt.Sprintf("%s/%s token=request-uid claims=%d warned=true", fixtures.Namespace, m.Data.Name, len(fixtures.AllPools)-1)}
 	if !slices.Equal(got, want) {
 		t.Errorf("OnAdmitted calls %v, want %v", got, want)
+	}
+}
+
+// TestOnAdmittedStoredToken: an admission that records no claims, only a warning, reports the
+// admission token the object came with, which its stored Metal3Data carries; one that records
+// claims, its own.
+func TestOnAdmittedStoredToken(t *testing.T) {
+	m := fixtures.NewMachine(fixtures.Template("tmpl"), 3)
+	copied := m.Data.DeepCopy()
+	copied.Annotations = map[string]string{allocation.AdmissionAnnotation: "earlier-token"}
+	var got []string
+	record := func(_ context.Context, _ types.NamespacedName, token, stored string, _ []allocation.Claim, _ string) {
+		got = append(got, token+"/"+stored)
+	}
+	// The name is still known, so every claim is left to CAPM3 with a warning.
+	p := newPreallocator(fixtures.NewClient(append(m.Objects(), m.Data.DeepCopy()), nil), false)
+	p.OnAdmitted = record
+	p.Handle(context.Background(), fixtures.CreateRequest(t, copied, false))
+	p = newPreallocator(fixtures.NewClient(m.Objects(), nil), false)
+	p.OnAdmitted = record
+	p.Handle(context.Background(), fixtures.CreateRequest(t, copied, false))
+	if want := []string{"/earlier-token", "request-uid/request-uid"}; !slices.Equal(got, want) {
+		t.Errorf("OnAdmitted token/stored %v, want %v", got, want)
 	}
 }

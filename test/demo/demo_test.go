@@ -26,8 +26,8 @@ func TestDemo(t *testing.T) {
 		byMode[r.Mode]++
 		wantCAPM3, wantWebhook := pools, 0
 		if r.Mode == modePreallocated {
-			// The webhook creates the claims once its answer is sent; a CAPM3 reconcile that
-			// comes first creates a claim itself, and the webhook says so in a Warning Event.
+			// The webhook answers once its claim creates are sent, not stored; a CAPM3 reconcile
+			// that comes first creates a claim itself, and the webhook says so in a Warning Event.
 			wantCAPM3, wantWebhook = r.CAPM3CreatedWarned, pools-r.CAPM3CreatedWarned
 		}
 		if r.ClaimsByCAPM3 != wantCAPM3 || r.ClaimsByWebhook != wantWebhook {

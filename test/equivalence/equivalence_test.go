@@ -141,8 +141,8 @@ func TestClaimsEqualCAPM3(t *testing.T) {
 	}
 }
 
-// preallocator admits through c and creates what it admitted at once, as the replica's
-// Admissions does after the answer.
+// preallocator admits through c and creates what it admitted at once, where the replica's
+// Admissions answers once the creates are sent.
 func preallocator(c client.Client, bmhNameBased bool) *mutate.Preallocator {
 	creator := &allocation.Creator{Client: c, Cache: c, APIReader: c}
 	return &mutate.Preallocator{
@@ -150,7 +150,7 @@ func preallocator(c client.Client, bmhNameBased bool) *mutate.Preallocator {
 		Decoder:      admission.NewDecoder(fixtures.Scheme()),
 		BMHNameBased: bmhNameBased,
 		Timeout:      time.Second,
-		OnAdmitted: func(_ context.Context, key types.NamespacedName, token string, claims []allocation.Claim, _ string) {
+		OnAdmitted: func(_ context.Context, key types.NamespacedName, token, _ string, claims []allocation.Claim, _ string) {
 			creator.Create(context.Background(), key.Name, token, claims, nil)
 		},
 	}

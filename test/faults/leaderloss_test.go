@@ -412,8 +412,8 @@ func runLeaderLoss(ctx context.Context, sc *scenario) {
 		killed, ms(killAt.Sub(streamed[0].sent)), ms(killAt.Sub(holdFrom)), survivor, ms(electedAt.Sub(killAt)), ms(acquired.Sub(killAt)))
 	sc.figure("time-to-Ready (create sent to Ready with its secrets rendered), idle reference, %d Metal3Data one at a time (half before the kill, half after): p50 %v, min %v, max %v",
 		len(idleTimes), ms(idleP50), ms(percentile(idleTimes, 0)), ms(idleMax))
-	sc.figure("time-to-Ready of the %d Metal3Data admitted by the surviving replica during the election window: p50 %v, max %v; allowed: p50 %v, max %v (the idle figures plus a noise margin of %v: four times the idle spread, at least twice the idle p50 and 500ms)",
-		len(windowTimes), ms(winP50), ms(winMax), ms(idleP50+margin), ms(idleMax+margin), ms(margin))
+	sc.figure("time-to-Ready of the %d Metal3Data admitted by the surviving replica during the election window: p50 %v, max %v; allowed: p50 %v, max %v (the idle figures plus a noise margin of %v: four times the idle spread, at least twice the idle p50 and %v)",
+		len(windowTimes), ms(winP50), ms(winMax), ms(idleP50+margin), ms(idleMax+margin), ms(margin), minMargin)
 	orphanTimes := durations(killedOrphans)
 	sc.figure("the killed leader admitted %d Metal3Data of the stream: %d handed over by itself, %d not (it died first); those were handed over %v after the kill (p50; max %v), %d by replica %d, and were Ready in p50 %v, max %v",
 		len(killedHanded)+len(killedOrphans), len(killedHanded), len(killedOrphans),

@@ -13,7 +13,7 @@ var leftToCAPM3 = regexp.MustCompile(`(IPClaim|IPAddressClaim) (\S+) left to CAP
 
 // ClaimsLeftToCAPM3 lists, as kind/name, the claims the webhook said it left to CAPM3 in the
 // PreallocationIncomplete Events of namespace: a claim it could not create, or that CAPM3
-// created first (the claims are created after the admission is answered).
+// created first (the admission answers once the creates are sent, before they are stored).
 func ClaimsLeftToCAPM3(ctx context.Context, c client.Reader, namespace string) (map[string]bool, error) {
 	list := &eventsv1.EventList{}
 	if err := c.List(ctx, list, client.InNamespace(namespace)); err != nil {

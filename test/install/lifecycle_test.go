@@ -574,7 +574,7 @@ func (w *world) rejectSome(t *testing.T, n int) []string {
 			}
 			return nil
 		})
-		// The webhook answers a stream of admissions once their creates are sent, not stored.
+		// The webhook answers once an admission's claim creates are sent, not stored.
 		var claims []metav1.PartialObjectMetadata
 		harness.Eventually(t, 10*time.Second, func() error {
 			if claims = w.claimsOf(t, data.Name); len(claims) != 3 {

@@ -343,8 +343,8 @@ func TestRealControllers(t *testing.T) {
 			if stockSummary.claimsByCAPM3 != 3*len(stock.machines) {
 				t.Errorf("stock CAPM3 created %d claims, want %d", stockSummary.claimsByCAPM3, 3*len(stock.machines))
 			}
-			// The webhook creates the claims once its answer is sent; a CAPM3 reconcile that comes
-			// first creates a claim itself, and the webhook must say so in a Warning Event.
+			// The webhook answers once its claim creates are sent, not stored; a CAPM3 reconcile
+			// that comes first creates a claim itself, and the webhook must say so in a Warning Event.
 			left, err := harness.ClaimsLeftToCAPM3(ctx, cp.Client, prealloc.ns)
 			if err != nil {
 				t.Fatal(err)

@@ -228,15 +228,19 @@ func TestReleaseWhenNeverStored(t *testing.T) {
 	if err := cp.Client.Create(ctx, accepted.Data); err != nil {
 		t.Fatal(err)
 	}
-	for _, pool := range pools {
-		claim, err := claimOf(ctx, rejected, pool)
-		if err != nil {
-			t.Fatalf("the preallocated claim is missing before the grace period ends: %v", err)
+	// Admission answered once the creates were sent; they are stored moments later.
+	harness.Eventually(t, 2*time.Second, func() error {
+		for _, pool := range pools {
+			claim, err := claimOf(ctx, rejected, pool)
+			if err != nil {
+				return fmt.Errorf("the preallocated claim is missing before the grace period ends: %w", err)
+			}
+			if claim.GetAnnotations()[allocation.PreallocatedForAnnotation] != rejected.Data.Name {
+				return fmt.Errorf("%s: %v", claim.GetName(), claim.GetAnnotations())
+			}
 		}
-		if claim.GetAnnotations()[allocation.PreallocatedForAnnotation] != rejected.Data.Name {
-			t.Fatalf("%s: %v", claim.GetName(), claim.GetAnnotations())
-		}
-	}
+		return nil
+	})
 	// No IPAM runs here: the test answers the claims as one does, with its finalizer.
 	for _, pool := range pools {
 		claim, err := claimOf(ctx, rejected, pool)
