@@ -35,8 +35,8 @@ type Admissions struct {
 	Creator *allocation.Creator
 	// CreateTimeout bounds the creation of one admission's claims, retries included.
 	CreateTimeout time.Duration
-	// Wait bounds how long an admission waits for its claims' create requests to be sent (see
-	// Admitted).
+	// Wait bounds how long an admission waits for its claims' create (or reclaim) requests to be
+	// sent (see Admitted).
 	Wait time.Duration
 	// IPAMWait bounds how long the hand-over of an admission made while the IPAM is behind (a
 	// claim this replica created has waited more than ipamBehind, since its create returned, and
@@ -115,8 +115,8 @@ func (a *Admissions) NeedLeaderElection() bool { return false }
 
 // Admitted records this replica's admission of the Metal3Data key: claims it recorded under the
 // admission token, created now, a warning for the operator, and the admission token the stored
-// Metal3Data will carry. It returns once the claims'
-// create requests are on the wire to the API server, within Wait, or when ctx ends.
+// Metal3Data will carry. It returns once the claims' create (or reclaim) requests are on the wire
+// to the API server, within Wait, or when ctx ends.
 //
 // Sending is enough: the API server stores the Metal3Data only after the answer, and CAPM3 reads
 // two Secrets and the BareMetalHost live before it creates claims, so the creates arrive first.

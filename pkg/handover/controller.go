@@ -49,11 +49,11 @@ var (
 	}, []string{"kind"})
 	claimsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_claims_total",
-		Help: "Claims recorded during admission, by kind and by what their creation after the admission came to (created, reused, foreign, failed).",
+		Help: "Claims recorded during admission, by kind and by what their creation, which the admission answers once it is sent, came to (created, reused, foreign, failed).",
 	}, []string{"kind", "outcome"})
 	claimCreationSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ip_preallocator_claim_creation_duration_seconds",
-		Help:    "Time spent creating the claims of one Metal3Data after its admission was answered.",
+		Help:    "Time spent creating (or reclaiming) the claims of one admitted Metal3Data, from the admission until the last is stored; the admission answers once they are sent.",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	})
 	handOverSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
