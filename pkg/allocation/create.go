@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptrace"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -198,6 +199,12 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 		if err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: existing.GetNamespace(), Name: name}, full); err != nil {
 			return err
 		}
+		if handedOverTo(full, dataName) {
+			// A take-over went first while this reclaim was retried: the claim waited for this
+			// name, so the Metal3Data it now belongs to is the one being admitted (the create of
+			// this one fails while another of that name exists).
+			return nil
+		}
 		if !IsPreallocatedFor(full, dataName) || !equality.Semantic.DeepEqual(specOf(full), specOf(claim.Object)) {
 			foreign = true
 			return nil
@@ -214,6 +221,13 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 				claim.Kind(), existing.GetNamespace(), name)}
 	}
 	return Result{Claim: claim, Name: name, Outcome: Reused}
+}
+
+// handedOverTo tells whether claim, not being deleted, is owned by a Metal3Data named dataName.
+func handedOverTo(claim metav1.Object, dataName string) bool {
+	return claim.GetDeletionTimestamp() == nil && slices.ContainsFunc(claim.GetOwnerReferences(), func(o metav1.OwnerReference) bool {
+		return o.Kind == "Metal3Data" && o.Name == dataName
+	})
 }
 
 // createBackoff spreads retries over about five seconds; the creation's deadline ends them sooner

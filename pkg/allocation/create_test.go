@@ -244,3 +244,46 @@ func TestCreateRetriesTransientErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestReclaimOvertaken: a reclaim whose patch is rejected reads the claim again. Handed over
+// meanwhile to a Metal3Data of the name being admitted (a take-over that went first), it is that
+// Metal3Data's and the admission reused it: no warning that CAPM3 will decide. Taken by another
+// Metal3Data, it is foreign.
+func TestReclaimOvertaken(t *testing.T) {
+	for _, tc := range []struct {
+		owner string
+		want  Outcome
+	}{
+		{owner: "tmpl-0", want: Reused},
+		{owner: "tmpl-9", want: Foreign},
+	} {
+		t.Run("owned by "+tc.owner, func(t *testing.T) {
+			var patches int
+			c := fakeClient(ptrTo(fixtures.APIServerPatchErrors(interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
+				patches++
+				if patches == 1 {
+					// Another replica's take-over lands just before this reclaim's patch.
+					claim := &ipamv1.IPClaim{}
+					if err := c.Get(ctx, client.ObjectKeyFromObject(obj), claim); err != nil {
+						return err
+					}
+					claim.Annotations = nil
+					claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "infrastructure.cluster.x-k8s.io/v1beta2", Kind: "Metal3Data", Name: tc.owner, UID: "stored"}}
+					if err := c.Update(ctx, claim); err != nil {
+						return err
+					}
+				}
+				return c.Patch(ctx, obj, p, opts...)
+			}})), waitingIPClaim("tmpl-0-a", "a", "tmpl-0"))
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", plannedClaims()[:1], nil)[0]
+			if r.Outcome != tc.want || (r.Err != nil) != (tc.want == Foreign) {
+				t.Fatalf("%s: %v", r.Outcome, r.Err)
+			}
+			if patches != 1 {
+				t.Errorf("%d patches, want the one the take-over overtook", patches)
+			}
+		})
+	}
+}
