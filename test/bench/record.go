@@ -49,6 +49,9 @@ func (b *bench) record(ctx context.Context, run *Run, ms []*fixtures.Machine, cl
 		if st.FirstReconcileSawWaitingClaim {
 			run.FirstReconcileSawWaitingClaim++
 		}
+		if st.FirstReconcileSawUnansweredClaim {
+			run.FirstReconcileSawUnansweredClaim++
+		}
 		run.Histories = append(run.Histories, st.History)
 	}
 	run.ArrivalSpan = lastArrival.Sub(origin(claims, -1)).Seconds()

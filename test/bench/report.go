@@ -73,7 +73,10 @@ type Run struct {
 	Histories                                         []string
 	Requeues                                          int
 	FirstReconcileSawWaitingClaim                     int
-	ClaimsByCAPM3                                     int
+	// FirstReconcileSawUnansweredClaim counts the Metal3Data whose first CAPM3 reconcile read one
+	// of their claims before its IPAM answered it.
+	FirstReconcileSawUnansweredClaim int
+	ClaimsByCAPM3                    int
 	// ClaimsByCAPM3Warned counts those the webhook named in a PreallocationIncomplete Event: it
 	// left them to CAPM3 (not created in time, or CAPM3 created them first).
 	ClaimsByCAPM3Warned int
@@ -341,8 +344,8 @@ func printRun(out io.Writer, r *Run) {
 
 // printReport prints the tables of docs/benchmarks.md, in Markdown.
 func printReport(out io.Writer, r *Report) {
-	fmt.Fprintln(out, "\n| setting | scenario | mode | run | n | templates | ready p50 (s) | p95 | max | total | Metal3Data exists after, p50 (s) | share of time to Ready before it exists | Metal3Data per second | floor at CAPM3's rate limit (s) | CAPM3 reconciles mean / max | work max | requeues | first reconcile met a waiting claim | claims CAPM3 created | load |")
-	fmt.Fprintln(out, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(out, "\n| setting | scenario | mode | run | n | templates | ready p50 (s) | p95 | max | total | Metal3Data exists after, p50 (s) | share of time to Ready before it exists | Metal3Data per second | floor at CAPM3's rate limit (s) | CAPM3 reconciles mean / max | work max | requeues | first reconcile met a waiting claim | first reconcile met an unanswered claim | claims CAPM3 created | load |")
+	fmt.Fprintln(out, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, run := range r.Runs {
 		floor := "–"
 		if run.Floor > 0 {
@@ -352,10 +355,10 @@ func printReport(out io.Writer, r *Report) {
 		if run.Released > 0 {
 			total += fmt.Sprintf(" (%.1f after release)", run.AfterRelease)
 		}
-		fmt.Fprintf(out, "| %s | %s | %s | %d | %d | %d | %.2f | %.2f | %.2f | %s | %.2f | %.0f%% | %.1f | %s | %.2f / %d | %d | %d | %d | %d | %.1f |\n",
+		fmt.Fprintf(out, "| %s | %s | %s | %d | %d | %d | %.2f | %.2f | %.2f | %s | %.2f | %.0f%% | %.1f | %s | %.2f / %d | %d | %d | %d | %d | %d | %.1f |\n",
 			run.Setting, run.Scenario, run.Mode, run.Repeat+1, run.N, run.Templates, run.Ready.P50, run.Ready.P95, run.Ready.Max, total,
 			run.Before.P50, 100*run.BeforeShare, run.ArrivalRate, floor, run.ReconcilesMean, run.ReconcilesMax, run.WorkReconcileMax,
-			run.Requeues, run.FirstReconcileSawWaitingClaim, run.ClaimsByCAPM3, run.Load)
+			run.Requeues, run.FirstReconcileSawWaitingClaim, run.FirstReconcileSawUnansweredClaim, run.ClaimsByCAPM3, run.Load)
 	}
 	printLoop(out, r)
 	printLeaderLoss(out, r)

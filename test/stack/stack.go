@@ -162,6 +162,9 @@ type Stats struct {
 	// FirstReconcileSawWaitingClaim: the first reconcile read a claim preallocated for this
 	// Metal3Data that was not handed over yet (for an IPClaim, CAPM3 then requeues).
 	FirstReconcileSawWaitingClaim bool
+	// FirstReconcileSawUnansweredClaim: the first reconcile read a claim of this Metal3Data
+	// (waiting for it or owned by it) that its IPAM had not answered yet (CAPM3 then requeues).
+	FirstReconcileSawUnansweredClaim bool
 	// WorkReconciles counts reconciles that did CAPM3's work: created claims or rendered the
 	// Secrets. Other reconciles at most patch the Metal3Data (CAPM3 re-patches a status it
 	// already wrote when its cache lags) or do nothing.
@@ -258,14 +261,42 @@ func (c *Counter) reconciled(key types.NamespacedName, started time.Time, res re
 
 func (c *Counter) claimRead(obj client.Object) {
 	dataName, waiting := obj.GetAnnotations()[allocation.PreallocatedForAnnotation]
-	if !waiting || len(obj.GetOwnerReferences()) > 0 {
+	waiting = waiting && len(obj.GetOwnerReferences()) == 0
+	if !waiting {
+		dataName = metal3DataOwner(obj)
+	}
+	if dataName == "" {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s := c.get(types.NamespacedName{Namespace: obj.GetNamespace(), Name: dataName}); s.Reconciles == 0 {
-		s.FirstReconcileSawWaitingClaim = true
+		s.FirstReconcileSawWaitingClaim = s.FirstReconcileSawWaitingClaim || waiting
+		s.FirstReconcileSawUnansweredClaim = s.FirstReconcileSawUnansweredClaim || !answered(obj)
 	}
+}
+
+// metal3DataOwner names the Metal3Data an owner reference of the claim names, as CAPM3 maps its
+// events; empty if none.
+func metal3DataOwner(obj client.Object) string {
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.Kind == "Metal3Data" {
+			return ref.Name
+		}
+	}
+	return ""
+}
+
+// answered tells whether the IPAM has written its answer to the claim, what CAPM3 reads from it:
+// the address, or for an IPClaim an error.
+func answered(obj client.Object) bool {
+	switch c := obj.(type) {
+	case *ipamv1.IPClaim:
+		return c.Status.Address != nil || c.Status.ErrorMessage != nil
+	case *capipamv1.IPAddressClaim:
+		return c.Status.AddressRef.Name != ""
+	}
+	return false
 }
 
 func claimKind(obj client.Object) string {
