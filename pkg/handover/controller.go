@@ -89,8 +89,9 @@ var Metal3DataGVK = infrav1.GroupVersion.WithKind("Metal3Data")
 // writes wake nobody, and the hand-over wakes the reconcile that renders. CAPM3 treats an IPClaim
 // not owned by its Metal3Data as it treats one without an address (requeue, no error), so a
 // reconcile that comes before the hand-over costs what it costs without the wait. When the IPAM
-// keeps up, the claims are handed over at once, before CAPM3's first reconcile reads them (see
-// Admissions.IPAMWait).
+// keeps up, the claims are handed over at once: CAPM3's first reconcile reads them tens of
+// milliseconds after the Metal3Data is stored, and whether it then needs another depends on the
+// IPAM having answered by then (docs/benchmarks.md; see Admissions.IPAMWait).
 type HandOver struct {
 	Client   client.Client
 	Recorder events.EventRecorder
