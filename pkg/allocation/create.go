@@ -258,6 +258,20 @@ func isTransient(err error) bool {
 		utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
+// Answered tells whether the IPAM has written its answer to the claim in its status, what CAPM3
+// reads from it: the address, or for an IPClaim an error. The IPAMs write their finalizer first
+// and the status in a second request (Cluster API's patch helper). An IPAddressClaim whose pool
+// fails it gets no address.
+func Answered(claim client.Object) bool {
+	switch c := claim.(type) {
+	case *ipamv1.IPClaim:
+		return c.Status.Address != nil || c.Status.ErrorMessage != nil
+	case *capipamv1.IPAddressClaim:
+		return c.Status.AddressRef.Name != ""
+	}
+	return false
+}
+
 // specOf is what a claim asks the IPAM for; CAPM3 uses an existing claim without looking at it.
 func specOf(obj client.Object) any {
 	switch o := obj.(type) {

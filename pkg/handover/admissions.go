@@ -257,7 +257,7 @@ func (a *Admissions) ClaimEvents() toolscache.ResourceEventHandler {
 		delete(a.unanswered, k)
 	}
 	seen := func(obj any) {
-		if claim, ok := obj.(client.Object); ok && answered(claim) {
+		if claim, ok := obj.(client.Object); ok && allocation.Answered(claim) {
 			forget(claim)
 		}
 	}

@@ -126,21 +126,6 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Complete(h)
 }
 
-// answered tells whether the IPAM has written its answer to the claim in its status: the address,
-// or for an IPClaim an error. The IPAMs write their finalizer first and the status in a second
-// request (Cluster API's patch helper), and CAPM3 is woken by each write once the claim is
-// handed over, so the hand-over waits for the status, which CAPM3 reads. An IPAddressClaim whose
-// pool fails it gets no address: the wait's bound hands it over.
-func answered(claim client.Object) bool {
-	switch c := claim.(type) {
-	case *ipamv1.IPClaim:
-		return c.Status.Address != nil || c.Status.ErrorMessage != nil
-	case *capipamv1.IPAddressClaim:
-		return c.Status.AddressRef.Name != ""
-	}
-	return false
-}
-
 // wholeClaim is an empty claim of the kind, as the informers of whole claims hold it; nil for an
 // unknown kind.
 func wholeClaim(kind string) client.Object {
@@ -153,10 +138,15 @@ func wholeClaim(kind string) client.Object {
 	return nil
 }
 
-// answeredNow passes the event in which a claim is first seen answered by the IPAM.
+// answeredNow passes the event in which a claim is first seen answered by the IPAM. CAPM3 is woken
+// by each of the IPAM's writes once the claim is handed over, so the hand-over waits for the
+// status, which CAPM3 reads, not the finalizer written before it; an IPAddressClaim whose pool
+// fails it is handed over by the wait's bound.
 var answeredNow = predicate.Funcs{
-	CreateFunc:  func(e event.CreateEvent) bool { return answered(e.Object) },
-	UpdateFunc:  func(e event.UpdateEvent) bool { return !answered(e.ObjectOld) && answered(e.ObjectNew) },
+	CreateFunc: func(e event.CreateEvent) bool { return allocation.Answered(e.Object) },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return !allocation.Answered(e.ObjectOld) && allocation.Answered(e.ObjectNew)
+	},
 	DeleteFunc:  func(event.DeleteEvent) bool { return false },
 	GenericFunc: func(event.GenericEvent) bool { return false },
 }
@@ -239,7 +229,7 @@ func unansweredClaims(ctx context.Context, c client.Reader, namespace string, re
 		switch err := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, claim); {
 		case apierrors.IsNotFound(err):
 			absent++
-		case err == nil && claim.GetDeletionTimestamp().IsZero() && len(claim.GetOwnerReferences()) == 0 && !answered(claim):
+		case err == nil && claim.GetDeletionTimestamp().IsZero() && len(claim.GetOwnerReferences()) == 0 && !allocation.Answered(claim):
 			waiting++
 		}
 	}

@@ -233,11 +233,11 @@ func TestAnswerWakesTheAdmittingReplica(t *testing.T) {
 		t.Error("a claim first seen answered must pass, one not answered must not")
 	}
 	addressClaim := &capipamv1.IPAddressClaim{}
-	if answered(addressClaim) {
+	if allocation.Answered(addressClaim) {
 		t.Error("an IPAddressClaim without address passed")
 	}
 	addressClaim.Status.AddressRef.Name = "tmpl-0-c"
-	if !answered(addressClaim) {
+	if !allocation.Answered(addressClaim) {
 		t.Error("an IPAddressClaim with its address did not pass")
 	}
 }

@@ -272,7 +272,7 @@ func (c *Counter) claimRead(obj client.Object) {
 	defer c.mu.Unlock()
 	if s := c.get(types.NamespacedName{Namespace: obj.GetNamespace(), Name: dataName}); s.Reconciles == 0 {
 		s.FirstReconcileSawWaitingClaim = s.FirstReconcileSawWaitingClaim || waiting
-		s.FirstReconcileSawUnansweredClaim = s.FirstReconcileSawUnansweredClaim || !answered(obj)
+		s.FirstReconcileSawUnansweredClaim = s.FirstReconcileSawUnansweredClaim || !allocation.Answered(obj)
 	}
 }
 
@@ -285,18 +285,6 @@ func metal3DataOwner(obj client.Object) string {
 		}
 	}
 	return ""
-}
-
-// answered tells whether the IPAM has written its answer to the claim, what CAPM3 reads from it:
-// the address, or for an IPClaim an error.
-func answered(obj client.Object) bool {
-	switch c := obj.(type) {
-	case *ipamv1.IPClaim:
-		return c.Status.Address != nil || c.Status.ErrorMessage != nil
-	case *capipamv1.IPAddressClaim:
-		return c.Status.AddressRef.Name != ""
-	}
-	return false
 }
 
 func claimKind(obj client.Object) string {
