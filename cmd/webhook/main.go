@@ -151,7 +151,7 @@ func cached(ipamWait bool) []client.Object {
 		allocation.Metadata(bmov1alpha1.GroupVersion.WithKind("BareMetalHost")),
 		allocation.Metadata(allocation.IPClaimGVK),
 		allocation.Metadata(allocation.IPAddressClaimGVK),
-		allocation.Metadata(handover.Metal3DataGVK),
+		allocation.Metadata(allocation.Metal3DataGVK),
 	}
 	if ipamWait {
 		objs = append(objs, &ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{})
@@ -244,7 +244,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	deletions := &mutate.Deletions{Window: o.reusedNameHoldoff}
-	dataInformer, err := mgr.GetCache().GetInformer(ctx, allocation.Metadata(handover.Metal3DataGVK))
+	dataInformer, err := mgr.GetCache().GetInformer(ctx, allocation.Metadata(allocation.Metal3DataGVK))
 	if err != nil {
 		return err
 	}

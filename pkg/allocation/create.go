@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptrace"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -29,7 +28,8 @@ const (
 	// Created means the webhook created the claim.
 	Created Outcome = "created"
 	// Reused means the claim already existed, preallocated earlier for a Metal3Data of this name, not
-	// handed over to anyone yet and with the planned spec, so it is claimed again for this one.
+	// handed over to anyone yet and with the planned spec, so it is claimed again for this one; or
+	// it was handed over meanwhile to the Metal3Data this admission made.
 	Reused Outcome = "reused"
 	// Foreign means a claim CAPM3 would use exists and belongs to something else. It is left
 	// untouched; CAPM3 decides what to do with it, as it would without the webhook.
@@ -199,10 +199,15 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 		if err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: existing.GetNamespace(), Name: name}, full); err != nil {
 			return err
 		}
-		if handedOverTo(full, dataName) {
-			// A take-over went first while this reclaim was retried: the claim waited for this
-			// name, so the Metal3Data it now belongs to is the one being admitted (the create of
-			// this one fails while another of that name exists).
+		if owner := Metal3DataOwner(full); owner != nil && owner.Name == dataName && full.GetDeletionTimestamp() == nil {
+			// Handed over since it was read waiting: by a take-over to the Metal3Data this
+			// admission made, once stored, or to an older one of the name, from a cache that had
+			// not seen it deleted. Only the first will CAPM3 use it for.
+			ours, err := c.storedWith(ctx, full.GetNamespace(), dataName, owner.UID, token)
+			if err != nil {
+				return err
+			}
+			foreign = !ours
 			return nil
 		}
 		if !IsPreallocatedFor(full, dataName) || !equality.Semantic.DeepEqual(specOf(full), specOf(claim.Object)) {
@@ -223,11 +228,17 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 	return Result{Claim: claim, Name: name, Outcome: Reused}
 }
 
-// handedOverTo tells whether claim, not being deleted, is owned by a Metal3Data named dataName.
-func handedOverTo(claim metav1.Object, dataName string) bool {
-	return claim.GetDeletionTimestamp() == nil && slices.ContainsFunc(claim.GetOwnerReferences(), func(o metav1.OwnerReference) bool {
-		return o.Kind == "Metal3Data" && o.Name == dataName
-	})
+// storedWith tells, from a live read, whether the Metal3Data namespace/name is stored with this
+// UID and this admission's token.
+func (c *Creator) storedWith(ctx context.Context, namespace, name string, uid types.UID, token string) (bool, error) {
+	data := Metadata(Metal3DataGVK)
+	switch err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, data); {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return data.UID == uid && data.Annotations[AdmissionAnnotation] == token, nil
 }
 
 // createBackoff spreads retries over about five seconds; the creation's deadline ends them sooner
@@ -256,20 +267,6 @@ func isTransient(err error) bool {
 	return apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) || apierrors.IsServerTimeout(err) ||
 		apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err) || apierrors.IsUnexpectedServerError(err) ||
 		utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) || errors.Is(err, syscall.ECONNREFUSED)
-}
-
-// Answered tells whether the IPAM has written its answer to the claim in its status, what CAPM3
-// reads from it: the address, or for an IPClaim an error. The IPAMs write their finalizer first
-// and the status in a second request (Cluster API's patch helper). An IPAddressClaim whose pool
-// fails it gets no address.
-func Answered(claim client.Object) bool {
-	switch c := claim.(type) {
-	case *ipamv1.IPClaim:
-		return c.Status.Address != nil || c.Status.ErrorMessage != nil
-	case *capipamv1.IPAddressClaim:
-		return c.Status.AddressRef.Name != ""
-	}
-	return false
 }
 
 // specOf is what a claim asks the IPAM for; CAPM3 uses an existing claim without looking at it.

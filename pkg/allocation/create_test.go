@@ -246,35 +246,40 @@ func TestCreateRetriesTransientErrors(t *testing.T) {
 }
 
 // TestReclaimOvertaken: a reclaim whose patch is rejected reads the claim again. Handed over
-// meanwhile to a Metal3Data of the name being admitted (a take-over that went first), it is that
-// Metal3Data's and the admission reused it: no warning that CAPM3 will decide. Taken by another
-// Metal3Data, it is foreign.
+// meanwhile to the Metal3Data this admission made (a take-over that went first once it was
+// stored), it is reused: no warning that CAPM3 will decide. Handed over to an older Metal3Data of
+// the name, which CAPM3 will not take it for, or to another Metal3Data, it is foreign.
 func TestReclaimOvertaken(t *testing.T) {
+	stored := testData()
+	stored.UID = "stored"
+	stored.Annotations = map[string]string{AdmissionAnnotation: "this-admission"}
 	for _, tc := range []struct {
-		owner string
+		name  string
+		owner metav1.OwnerReference
 		want  Outcome
 	}{
-		{owner: "tmpl-0", want: Reused},
-		{owner: "tmpl-9", want: Foreign},
+		{name: "to the stored Metal3Data of this admission", owner: OwnerReference(stored), want: Reused},
+		{name: "to an older Metal3Data of the name", owner: metav1.OwnerReference{Kind: "Metal3Data", Name: "tmpl-0", UID: "older"}, want: Foreign},
+		{name: "to another Metal3Data", owner: metav1.OwnerReference{Kind: "Metal3Data", Name: "tmpl-9", UID: "stored"}, want: Foreign},
 	} {
-		t.Run("owned by "+tc.owner, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			var patches int
 			c := fakeClient(ptrTo(fixtures.APIServerPatchErrors(interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
 				patches++
 				if patches == 1 {
-					// Another replica's take-over lands just before this reclaim's patch.
+					// The hand-over lands just before this reclaim's patch.
 					claim := &ipamv1.IPClaim{}
 					if err := c.Get(ctx, client.ObjectKeyFromObject(obj), claim); err != nil {
 						return err
 					}
 					claim.Annotations = nil
-					claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "infrastructure.cluster.x-k8s.io/v1beta2", Kind: "Metal3Data", Name: tc.owner, UID: "stored"}}
+					claim.OwnerReferences = []metav1.OwnerReference{tc.owner}
 					if err := c.Update(ctx, claim); err != nil {
 						return err
 					}
 				}
 				return c.Patch(ctx, obj, p, opts...)
-			}})), waitingIPClaim("tmpl-0-a", "a", "tmpl-0"))
+			}})), waitingIPClaim("tmpl-0-a", "a", "tmpl-0"), stored)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			r := (&Creator{Client: c, Cache: c, APIReader: c}).Create(ctx, "tmpl-0", "this-admission", plannedClaims()[:1], nil)[0]
@@ -282,7 +287,7 @@ func TestReclaimOvertaken(t *testing.T) {
 				t.Fatalf("%s: %v", r.Outcome, r.Err)
 			}
 			if patches != 1 {
-				t.Errorf("%d patches, want the one the take-over overtook", patches)
+				t.Errorf("%d patches, want the one the hand-over overtook", patches)
 			}
 		})
 	}

@@ -11,12 +11,14 @@ import (
 
 	"github.com/go-openapi/jsonpointer"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"gomodules.xyz/jsonpatch/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -261,4 +263,29 @@ func IsTestFailure(err error) bool {
 	}
 	details := status.Status().Details
 	return details == nil || len(details.Causes) == 0
+}
+
+// Answered tells whether the IPAM has written its answer to the claim in its status, what CAPM3
+// reads from it: the address, or for an IPClaim an error. The IPAMs write their finalizer first
+// and the status in a second request (Cluster API's patch helper). An IPAddressClaim whose pool
+// fails it gets no address.
+func Answered(claim client.Object) bool {
+	switch c := claim.(type) {
+	case *ipamv1.IPClaim:
+		return c.Status.Address != nil || c.Status.ErrorMessage != nil
+	case *capipamv1.IPAddressClaim:
+		return c.Status.AddressRef.Name != ""
+	}
+	return false
+}
+
+// Metal3DataOwner is the claim's owner reference to a Metal3Data, the one CAPM3 maps the claim's
+// events by; nil if none.
+func Metal3DataOwner(claim metav1.Object) *metav1.OwnerReference {
+	for _, ref := range claim.GetOwnerReferences() {
+		if ref.Kind == Metal3DataGVK.Kind {
+			return &ref
+		}
+	}
+	return nil
 }

@@ -48,6 +48,8 @@ var (
 	IPClaimGVK = ipamv1.GroupVersion.WithKind(KindIPClaim)
 	// IPAddressClaimGVK is the version CAPM3 creates IPAddressClaims with.
 	IPAddressClaimGVK = capipamv1.GroupVersion.WithKind(KindIPAddressClaim)
+	// Metal3DataGVK is the version CAPM3 v1.13 serves Metal3Data in, and the webhook reads them in.
+	Metal3DataGVK = infrav1.GroupVersion.WithKind("Metal3Data")
 )
 
 // Claim is the claim CAPM3 would create for one pool of one Metal3Data.

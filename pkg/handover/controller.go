@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -72,9 +71,6 @@ func init() {
 // +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Metal3DataGVK is the version the controllers watch Metal3Data in.
-var Metal3DataGVK = infrav1.GroupVersion.WithKind("Metal3Data")
-
 // HandOver hands the claims a replica preallocated over to their Metal3Data once it is stored and
 // they are created, and, when the IPAM is behind, once it has answered them. It runs on every
 // replica, without the lease, and acts only on the Metal3Data this replica admitted: it reacts to
@@ -115,7 +111,7 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-handover").
-		For(allocation.Metadata(Metal3DataGVK), builder.WithPredicates(admittedHere, createOnly)).
+		For(allocation.Metadata(allocation.Metal3DataGVK), builder.WithPredicates(admittedHere, createOnly)).
 		WatchesRawSource(source.Channel(h.Admissions.Created(), &handler.EnqueueRequestForObject{}))
 	if h.Admissions.IPAMWait > 0 {
 		for _, kind := range []string{allocation.KindIPClaim, allocation.KindIPAddressClaim} {
@@ -168,7 +164,7 @@ func (h *HandOver) admittedDataOf(_ context.Context, claim client.Object) []reco
 
 // Reconcile implements reconcile.Reconciler.
 func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	data := allocation.Metadata(Metal3DataGVK)
+	data := allocation.Metadata(allocation.Metal3DataGVK)
 	if err := h.Client.Get(ctx, req.NamespacedName, data); err != nil {
 		// Not stored yet: its create event comes back here.
 		return ctrl.Result{}, client.IgnoreNotFound(err)

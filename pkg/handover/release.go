@@ -156,7 +156,7 @@ func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		Named(name+r.ClaimGVK.Kind).
 		For(claim, builder.WithPredicates(waitingOrOrphaned)).
 		// A stored Metal3Data is what a waiting claim waits for: look at its claims at once.
-		Watches(allocation.Metadata(Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
+		Watches(allocation.Metadata(allocation.Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
 			builder.WithPredicates(created))
 	if r.TakeOver && r.IPAMWait > r.HandOverDelay {
 		// The metadata event of the IPAM's status write can come before this informer holds the
@@ -250,7 +250,7 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	}
 	age := r.age(req.NamespacedName, claim)
 
-	data := allocation.Metadata(Metal3DataGVK)
+	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
@@ -390,19 +390,14 @@ func orphanOwner(o metav1.Object) *metav1.OwnerReference {
 	if o.GetDeletionTimestamp() == nil || !slices.Contains(o.GetFinalizers(), infrav1.DataFinalizer) {
 		return nil
 	}
-	for _, ref := range o.GetOwnerReferences() {
-		if ref.Kind == Metal3DataGVK.Kind {
-			return &ref
-		}
-	}
-	return nil
+	return allocation.Metal3DataOwner(o)
 }
 
 // finishOrphan removes CAPM3's finalizer from a claim being deleted once a live read shows that
 // its Metal3Data is gone; while it exists, releasing the claim is CAPM3's, and this looks again
 // later, since the Metal3Data's disappearance is no event of the claim.
 func (r *Release) finishOrphan(ctx context.Context, claim *metav1.PartialObjectMetadata, owner *metav1.OwnerReference) (ctrl.Result, error) {
-	data := allocation.Metadata(Metal3DataGVK)
+	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)
 	if err == nil && data.UID == owner.UID {
 		return ctrl.Result{RequeueAfter: orphanRecheck}, nil
@@ -433,7 +428,7 @@ func (r *Release) recordedOn(data, claim *metav1.PartialObjectMetadata) bool {
 // handOverUnrecorded hands a claim over to the Metal3Data read live, so that the owner reference
 // carries the UID of the object that exists now.
 func (r *Release) handOverUnrecorded(ctx context.Context, claim *metav1.PartialObjectMetadata, dataName string) error {
-	data := allocation.Metadata(Metal3DataGVK)
+	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
 	if apierrors.IsNotFound(err) || err == nil && !data.DeletionTimestamp.IsZero() {
 		return nil
@@ -450,7 +445,7 @@ func (r *Release) handOverUnrecorded(ctx context.Context, claim *metav1.PartialO
 // release frees a claim once live reads show it still waiting and its Metal3Data not stored.
 func (r *Release) release(ctx context.Context, key types.NamespacedName, dataName string) error {
 	logger := log.FromContext(ctx)
-	data := allocation.Metadata(Metal3DataGVK)
+	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: dataName}, data)
 	switch {
 	case err == nil && data.DeletionTimestamp.IsZero():

@@ -263,7 +263,10 @@ func (c *Counter) claimRead(obj client.Object) {
 	dataName, waiting := obj.GetAnnotations()[allocation.PreallocatedForAnnotation]
 	waiting = waiting && len(obj.GetOwnerReferences()) == 0
 	if !waiting {
-		dataName = metal3DataOwner(obj)
+		dataName = ""
+		if owner := allocation.Metal3DataOwner(obj); owner != nil {
+			dataName = owner.Name
+		}
 	}
 	if dataName == "" {
 		return
@@ -276,17 +279,6 @@ func (c *Counter) claimRead(obj client.Object) {
 	}
 }
 
-// metal3DataOwner names the Metal3Data an owner reference of the claim names, as CAPM3 maps its
-// events; empty if none.
-func metal3DataOwner(obj client.Object) string {
-	for _, ref := range obj.GetOwnerReferences() {
-		if ref.Kind == "Metal3Data" {
-			return ref.Name
-		}
-	}
-	return ""
-}
-
 func claimKind(obj client.Object) string {
 	if _, ok := obj.(*ipamv1.IPClaim); ok {
 		return allocation.KindIPClaim
@@ -295,15 +287,15 @@ func claimKind(obj client.Object) string {
 }
 
 func (c *Counter) claimCreated(obj client.Object) {
-	for _, ref := range obj.GetOwnerReferences() {
-		if ref.Kind == "Metal3Data" {
-			c.mu.Lock()
-			s := c.get(types.NamespacedName{Namespace: obj.GetNamespace(), Name: ref.Name})
-			s.ClaimsCreated++
-			s.CreatedClaims = append(s.CreatedClaims, claimKind(obj)+"/"+obj.GetName())
-			c.mu.Unlock()
-		}
+	owner := allocation.Metal3DataOwner(obj)
+	if owner == nil {
+		return
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.get(types.NamespacedName{Namespace: obj.GetNamespace(), Name: owner.Name})
+	s.ClaimsCreated++
+	s.CreatedClaims = append(s.CreatedClaims, claimKind(obj)+"/"+obj.GetName())
 }
 
 // CAPM3 is CAPM3's Metal3Data controller, and with Options.Templates its Metal3DataTemplate
@@ -362,7 +354,7 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 		Client: client.Options{Cache: &client.CacheOptions{
 			DisableFor: []client.Object{&bmov1alpha1.BareMetalHost{}, &corev1.ConfigMap{}, &corev1.Secret{}},
 		}},
-		// Counts the claims CAPM3 creates and the waiting claims it reads; all else passes through.
+		// Counts the claims CAPM3 creates and the claims of a Metal3Data it reads; all else passes through.
 		NewClient: func(cfg *rest.Config, o client.Options) (client.Client, error) {
 			c, err := client.NewWithWatch(cfg, o)
 			if err != nil {
