@@ -53,7 +53,7 @@ var dataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 // On the leader, because these remove or release:
 //   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
 //   - its Metal3Data is not stored GracePeriod after the last admission claimed it: released,
-//     but not before the IPAM answered it (see ipamAnswered) nor while the Metal3DataClaim it was
+//     but not before the IPAM answered it (see ipamHandled) nor while the Metal3DataClaim it was
 //     planned for still waits for data (see dataClaimWaits), for at most HoldLimit more;
 //   - being deleted, owned by a Metal3Data that is gone: CAPM3's finalizer goes.
 //
@@ -294,7 +294,7 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	}
 	if hold := r.GracePeriod + r.HoldLimit - age; hold > 0 {
 		// The IPAM's answer is an event of the claim; this is the bound.
-		if !ipamAnswered(claim) {
+		if !ipamHandled(claim) {
 			logger.V(1).Info("Keeping a claim the IPAM has not answered yet", r.ClaimGVK.Kind, klog.KObj(claim))
 			return ctrl.Result{RequeueAfter: hold}, nil
 		}
@@ -352,13 +352,13 @@ func (r *Release) holdForAnswers(ctx context.Context, key types.NamespacedName, 
 	return min(left, answerGrace-now.Sub(s.answered))
 }
 
-// ipamAnswered tells whether the IPAM has handled the claim: it adds its finalizer (the Metal3
+// ipamHandled tells whether the IPAM has handled the claim: it adds its finalizer (the Metal3
 // IPAM, and Cluster API IPAM providers their ReleaseAddress one) in the first of the two writes
 // that answer it, the status with the address or the error following in a second request. Until
 // then the IPAM may still be working from a list of claims it read before the claim was deleted,
 // and allocates for it: an IPAddress whose claim is gone, which nobody releases and which keeps
 // its namespace.
-func ipamAnswered(claim metav1.Object) bool {
+func ipamHandled(claim metav1.Object) bool {
 	return slices.ContainsFunc(claim.GetFinalizers(), func(f string) bool { return f != infrav1.DataFinalizer })
 }
 
