@@ -70,12 +70,9 @@ fuzz: ## Run each fuzz target of the product module for $(FUZZTIME).
 .PHONY: test
 test: tools lint verify-manifests test-unit ## Unit tests and the suites of the test module against a real control plane.
 	$(MAKE) --no-print-directory fuzz
-	cd test && go test -count=1 $$(go list ./... | grep -v -e /integration -e /faults)
-	@# The quick fault scenarios whose invariants held in the last full runs (docs/reliability.md),
-	@# and rejected-after-mutation; make faults runs all of them and the stock baseline (issue 9).
-	cd test && go test -count=1 -run 'TestFaults/^(kills|rejected-after-mutation|leader-loss|api-faults)$$' ./faults
-	@# Verbose, for the CAPM3 reconcile counts it reports.
-	cd test && go test -count=1 -v ./integration
+	@# One suite at a time, each with its own timeout; the quick fault scenarios only (make faults
+	@# runs them all at full size). SUITES="bench demo" runs only those.
+	hack/test-suites.sh
 
 .PHONY: demo
 demo: tools ## Run the webhook with CAPM3 and the Metal3 IPAM on an embedded control plane and apply examples/.

@@ -2,6 +2,9 @@
 # Builds the pinned test-control-plane binaries into bin/ from the Go module proxy. A binary is
 # rebuilt only when its pinned version changes: the version is part of a stamp file next to it.
 set -euo pipefail
+# Each build says how long it took: the first one on a machine with empty Go caches pays for the
+# module downloads and the shared Kubernetes packages, the later ones reuse them.
+trap 'echo "make tools: $SECONDS s in all"' EXIT
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/bin"
 mkdir -p "$bin"
@@ -13,9 +16,11 @@ build() {
   if [[ -x "$bin/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
     return
   fi
+  local start=$SECONDS
   echo "Building $name $version"
   (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags=-s -o "$bin/$name" "$pkg")
   echo "$version" >"$stamp"
+  echo "Built $name in $((SECONDS - start)) s"
 }
 
 kube_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$root/hack/tools/kube/go.mod")
@@ -36,9 +41,11 @@ install() {
   if [[ -x "$bin/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
     return
   fi
+  local start=$SECONDS
   echo "Building $name $version"
   GOBIN="$bin" CGO_ENABLED=0 go install "$pkg@$version"
   echo "$version" >"$stamp"
+  echo "Built $name in $((SECONDS - start)) s"
 }
 install controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen "${CONTROLLER_GEN_VERSION:-v0.20.1}"
 install kustomize sigs.k8s.io/kustomize/kustomize/v5 "${KUSTOMIZE_VERSION:-v5.8.1}"

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -17,6 +19,11 @@ import (
 // after a backlog, and after a backlog does its work for each Metal3Data in one reconcile. The
 // leader-loss scenario (two webhook replicas) is left to make bench.
 func TestQuickBench(t *testing.T) {
+	// make test runs no other suite beside this one (hack/test-suites.sh); what else loads the
+	// machine shows here and in the report's load average.
+	if load, err := os.ReadFile("/proc/loadavg"); err == nil {
+		t.Logf("load average at the start: %s", strings.Join(strings.Fields(string(load))[:3], " "))
+	}
 	var out bytes.Buffer
 	report, err := run(context.Background(), config{
 		idle: 5, burst: 15, templates: 3, backlog: 15, repeats: 3, pause: 3 * time.Second, timeout: 5 * time.Minute,

@@ -97,6 +97,7 @@ type ControlPlane struct {
 
 // Start brings the control plane up; Stop tears it down.
 func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
+	startReaper()
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err

@@ -24,6 +24,7 @@ func StartProcess(_ context.Context, logPath, bin string, env []string, args ...
 	if err != nil {
 		return nil, err
 	}
+	startReaper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
