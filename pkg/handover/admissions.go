@@ -269,7 +269,7 @@ func (a *Admissions) ClaimEvents() toolscache.ResourceEventHandler {
 }
 
 func (a *Admissions) create(key types.NamespacedName, token string, claims []allocation.Claim, sent func()) {
-	logger := klog.Background().WithValues("Metal3Data", klog.KRef(key.Namespace, key.Name))
+	logger := klog.Background().WithValues("Metal3Data", klog.KRef(key.Namespace, key.Name), "admission", token)
 	ctx, cancel := context.WithTimeout(context.Background(), a.CreateTimeout)
 	defer cancel()
 	var results []allocation.Result

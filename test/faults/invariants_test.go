@@ -3,8 +3,8 @@ package faults
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -193,7 +193,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 		if err != nil {
 			return checkResult{}, err
 		}
-		if warned[ns], err = harness.ClaimsLeftToCAPM3(ctx, cp.Client, ns); err != nil {
+		if warned[ns], err = harness.ClaimsLeftToCAPM3For(ctx, cp.Client, ns); err != nil {
 			return checkResult{}, err
 		}
 		claims := s.claims()
@@ -224,52 +224,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 				noOwner.add("%s %s", cl.kind, describe(cl.obj))
 			}
 		}
-		byAddress := map[string][]string{}
-		for _, cl := range claims {
-			if cl.addressName != "" {
-				byAddress[cl.kind+"/"+cl.addressName] = append(byAddress[cl.kind+"/"+cl.addressName], cl.obj.GetName())
-			}
-		}
-		// A claim's address must be held for that claim: an IPAddress that names another claim
-		// was handed out twice.
-		holder := map[string]string{}
-		for _, a := range s.m3Addresses {
-			holder["IPClaim/"+a.Name] = a.Spec.Claim.Name
-		}
-		for _, a := range s.addresses {
-			holder["IPAddressClaim/"+a.Name] = a.Spec.ClaimRef.Name
-		}
-		for _, cl := range claims {
-			if h, ok := holder[cl.kind+"/"+cl.addressName]; ok && cl.addressName != "" && h != cl.obj.GetName() {
-				double.add("%s: %s %s has address %s (%s), which is held for claim %s", ns, cl.kind, cl.obj.GetName(), cl.addressName, cl.address, h)
-			}
-		}
-		values := map[string][]string{}
-		for _, a := range s.m3Addresses {
-			if _, ok := claims["IPClaim/"+a.Spec.Claim.Name]; !ok {
-				orphans.add("IPAddress %s/%s (%s) of claim %s", ns, a.Name, a.Spec.Address, a.Spec.Claim.Name)
-			}
-			key := "ipam.metal3.io/" + a.Spec.Pool.Name + "/" + string(a.Spec.Address)
-			values[key] = append(values[key], a.Name)
-		}
-		for _, a := range s.addresses {
-			if _, ok := claims["IPAddressClaim/"+a.Spec.ClaimRef.Name]; !ok {
-				orphans.add("IPAddress.ipam.cluster.x-k8s.io %s/%s (%s) of claim %s", ns, a.Name, a.Spec.Address, a.Spec.ClaimRef.Name)
-			}
-			key := "ipam.cluster.x-k8s.io/" + a.Spec.PoolRef.Name + "/" + a.Spec.Address
-			values[key] = append(values[key], a.Name)
-		}
-		for key, names := range byAddress {
-			if len(names) > 1 {
-				sort.Strings(names)
-				double.add("%s: address %s is the address of claims %v", ns, key, names)
-			}
-		}
-		for key, names := range values {
-			if len(names) > 1 {
-				double.add("%s: %s is held by IPAddresses %v", ns, key, names)
-			}
-		}
+		addressViolations(ns, s, claims, &orphans, &double)
 	}
 
 	byUID := map[types.UID]admission{}
@@ -293,8 +248,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 			capm3Up.add("%s for a Metal3Data the suite did not admit (owner uid %s)", rec, rec.owner)
 		case a.answered():
 			switch {
-			case warned[rec.namespace][rec.kind+"/"+rec.name], logged[rec.namespace+"/"+rec.kind+"/"+rec.name],
-				slices.ContainsFunc(a.warnings, func(w string) bool { return strings.Contains(w, " "+rec.name+" ") }):
+			case leftBy(a, rec, warned[rec.namespace], logged):
 				// Left to CAPM3 by design: the webhook's create came after CAPM3's, or failed, and
 				// it said so in its log and a Warning Event (which API faults may cost), and in an
 				// admission warning when it knew at once.
@@ -318,6 +272,17 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 	}, nil
 }
 
+// leftBy tells whether the admission that stored the Metal3Data owning rec said it left rec to
+// CAPM3: in its admission warnings, in a Warning Event about that Metal3Data (by UID), or in the
+// log line of its admission token. The same claim name said of another admission, an earlier
+// Metal3Data of that name say, does not count.
+func leftBy(a admission, rec claimRecord, events, logged map[string]bool) bool {
+	said := " " + rec.name + " left to CAPM3"
+	return slices.ContainsFunc(a.warnings, func(w string) bool { return strings.Contains(w, rec.kind+said) }) ||
+		events[string(a.uid)+"/"+rec.kind+"/"+rec.name] ||
+		a.token != "" && logged[a.token+"/"+rec.namespace+"/"+rec.kind+"/"+rec.name]
+}
+
 // renderedProblem says what is wrong with a stored Metal3Data, or "" when it is Ready and CAPM3
 // rendered the addresses of its claims, one per pool, each owned by it.
 func renderedProblem(d *infrav1.Metal3Data, s *namespaceState, claims map[string]*claim) string {
@@ -331,13 +296,9 @@ func renderedProblem(d *infrav1.Metal3Data, s *namespaceState, claims map[string
 		}
 		return msg
 	}
-	rendered := ""
+	var rendered map[netip.Addr]bool
 	if d.Spec.Claim != nil {
-		for _, suffix := range []string{"-metadata", "-networkdata"} {
-			for _, v := range s.secrets[d.Spec.Claim.Name+suffix].Data {
-				rendered += string(v)
-			}
-		}
+		rendered = renderedIPs(s.renderedSecrets(d.Spec.Claim.Name)...)
 	}
 	var problems []string
 	template := ""
@@ -349,24 +310,20 @@ func renderedProblem(d *infrav1.Metal3Data, s *namespaceState, claims map[string
 		switch {
 		case !ok:
 			problems = append(problems, fmt.Sprintf("claim of pool %s is missing", pool))
-		case ownerOf(cl.obj) != d.UID:
+		case ownerUID(cl.obj, "Metal3Data") != d.UID:
 			problems = append(problems, fmt.Sprintf("claim %s is not owned by it", cl.obj.GetName()))
 		case cl.address == "":
 			problems = append(problems, fmt.Sprintf("claim %s has no address", cl.obj.GetName()))
-		case !strings.Contains(rendered, cl.address):
+		case !rendered[parseIP(cl.address)]:
 			problems = append(problems, fmt.Sprintf("address %s of claim %s is not rendered", cl.address, cl.obj.GetName()))
 		}
 	}
 	return strings.Join(problems, "; ")
 }
 
-func ownerOf(obj client.Object) types.UID {
-	for _, ref := range obj.GetOwnerReferences() {
-		if ref.Kind == "Metal3Data" {
-			return ref.UID
-		}
-	}
-	return ""
+func parseIP(s string) netip.Addr {
+	ip, _ := netip.ParseAddr(s)
+	return ip
 }
 
 // settle waits for the grace period after the scenario's last activity and checks the

@@ -456,7 +456,7 @@ func ownedBy(ctx context.Context, x *timed) (bool, string) {
 			obj := claimObject(x.m.Data.Namespace, x.m.Data.Name+"-"+pool, pool)
 			if err := cp.Client.Get(ctx, types.NamespacedName{Namespace: obj.GetNamespace(), Name: obj.GetName()}, obj); err != nil {
 				problem += fmt.Sprintf("%s: %v; ", obj.GetName(), err)
-			} else if ownerOf(obj) != x.a.uid {
+			} else if ownerUID(obj, "Metal3Data") != x.a.uid {
 				problem += fmt.Sprintf("%s: %s; ", obj.GetName(), describe(obj))
 			}
 		}

@@ -28,8 +28,8 @@ type claimRecord struct {
 	// creator is the field manager that set the claim's spec, that is, the client that created
 	// it: the webhook binary, CAPM3, or the suite.
 	creator string
-	// owner is the UID of the Metal3Data the claim was owned by when first seen (CAPM3 creates
-	// claims with it; ours get it at hand-over).
+	// owner is the UID of the Metal3Data the claim was first owned by: CAPM3 creates claims with
+	// it, ours get it at hand-over.
 	owner types.UID
 	// preallocatedFor is our annotation as first seen.
 	preallocatedFor string
@@ -98,7 +98,11 @@ func (r *claimRecorder) observe(obj any) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, seen := r.records[o.GetUID()]; seen {
+	if rec, seen := r.records[o.GetUID()]; seen {
+		if rec.owner == "" {
+			rec.owner = ownerUID(o, "Metal3Data")
+			r.records[o.GetUID()] = rec
+		}
 		return
 	}
 	rec := claimRecord{
@@ -111,11 +115,7 @@ func (r *claimRecorder) observe(obj any) {
 	default:
 		rec.kind = "IPAddressClaim"
 	}
-	for _, ref := range o.GetOwnerReferences() {
-		if ref.Kind == "Metal3Data" {
-			rec.owner = ref.UID
-		}
-	}
+	rec.owner = ownerUID(o, "Metal3Data")
 	for _, f := range o.GetManagedFields() {
 		if f.FieldsV1 != nil && strings.Contains(string(f.FieldsV1.Raw), `"f:spec"`) {
 			rec.creator = f.Manager
@@ -173,4 +173,19 @@ func (r *claimRecorder) in(namespaces []string) []claimRecord {
 		}
 	}
 	return out
+}
+
+// preallocatedShare counts, of the claims ever owned by the Metal3Data with these UIDs, those
+// the webhook created: by claim UID, whatever the webhook said.
+func preallocatedShare(recs []claimRecord, datas map[types.UID]bool) (preallocated, all int) {
+	for _, rec := range recs {
+		if rec.owner == "" || !datas[rec.owner] {
+			continue
+		}
+		all++
+		if rec.preallocatedFor != "" && !rec.createdByCAPM3() {
+			preallocated++
+		}
+	}
+	return preallocated, all
 }

@@ -96,6 +96,9 @@ func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount,
 // every count that is not 0 (with its evidence) and records the trial for the report.
 func (sc *scenario) finish(ctx context.Context, title string, started time.Time) {
 	res := sc.settle(ctx)
+	if sc.onDelete != nil {
+		sc.onDelete()
+	}
 	late := sc.deleteNamespaces(ctx)
 	if sc.onFinish != nil {
 		sc.onFinish()

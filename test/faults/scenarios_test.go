@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -236,7 +237,9 @@ func runKills(ctx context.Context, sc *scenario) {
 func (sc *scenario) admissionFigures() {
 	var full, partial, unanswered int
 	var latencies []time.Duration
+	uids := map[types.UID]bool{}
 	for _, a := range sc.stored() {
+		uids[a.uid] = true
 		latencies = append(latencies, a.latency)
 		switch {
 		case len(a.recorded) > 0 && len(a.warnings) == 0:
@@ -247,8 +250,10 @@ func (sc *scenario) admissionFigures() {
 			unanswered++
 		}
 	}
-	sc.figure("%d Metal3Data stored: %d with every claim preallocated, %d with a claim left to CAPM3 (warning), %d admitted unchanged (webhook call failed); create latency p50 %v, p99 %v",
-		full+partial+unanswered, full, partial, unanswered,
+	preallocated, all := preallocatedShare(recorder.in(sc.namespaces), uids)
+	sc.figure("%d Metal3Data stored: %d answered with every claim planned, %d with a claim left to CAPM3 (warning), %d admitted unchanged (webhook call failed); "+
+		"claims created by the webhook: %d of the %d their Metal3Data came to own (%.1f%%, by claim UID); create latency p50 %v, p99 %v",
+		full+partial+unanswered, full, partial, unanswered, preallocated, all, 100*float64(preallocated)/float64(max(all, 1)),
 		percentile(latencies, 0.5).Round(time.Millisecond), percentile(latencies, 0.99).Round(time.Millisecond))
 }
 
@@ -637,10 +642,17 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 		p.Set(faults)
 		proxies = append(proxies, p)
 	}
-	defer func() {
+	// The faults last until the namespaces are gone; a trial that ends early takes them away at once.
+	restore := func() {
 		reconnectDirectly(ctx, sc.t)
 		for _, p := range proxies {
 			p.Close()
+		}
+	}
+	scheduled := false
+	defer func() {
+		if !scheduled {
+			restore()
 		}
 	}()
 	before := rs.Counts()
@@ -656,7 +668,17 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 	stream(machines, 4, 100*time.Millisecond, func(m *fixtures.Machine) { sc.admit(ctx, m.Data) })
 	sc.touch()
 	sc.admissionFigures()
+	proxied := func() int64 {
+		var n int64
+		for _, p := range proxies {
+			n += p.Counts().Requests
+		}
+		return n
+	}
+	var atDeletion int64
+	sc.onDelete = func() { atDeletion = proxied() }
 	sc.onFinish = func() {
+		defer restore()
 		var total harness.FaultCounts
 		for i, p := range proxies {
 			c := p.Counts()
@@ -673,7 +695,17 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 		sc.addFault("requests delayed", total.Delayed)
 		after := rs.Counts()
 		sc.figure("replica exits nobody caused (restarted after 1 s): %d", after.Crashes-before.Crashes)
+		// The replicas renew their lease every few seconds: none through the proxies while the
+		// namespaces were deleted means the faults were not there then.
+		duringDeletion := proxied() - atDeletion
+		sc.figure("API requests of the replicas through the faulting proxies while the namespaces were deleted: %d", duringDeletion)
+		unfaulted := namedCount{name: "namespace deletions without the API faults"}
+		if duringDeletion == 0 {
+			unfaulted.add("no request of a replica went through the proxies while the namespaces were deleted")
+		}
+		sc.extra = append(sc.extra, unfaulted)
 	}
+	scheduled = true
 }
 
 // concurrentInClusterShare keeps the in-cluster IPAM's share of the concurrent burst at 50 claims

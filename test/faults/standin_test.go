@@ -64,15 +64,6 @@ func (s *dataFinalizerStandIn) Reconcile(ctx context.Context, req ctrl.Request) 
 	return ctrl.Result{}, err
 }
 
-func ownerUID(data *infrav1.Metal3Data, kind string) types.UID {
-	for _, ref := range data.OwnerReferences {
-		if ref.Kind == kind {
-			return ref.UID
-		}
-	}
-	return ""
-}
-
 type templateFinalizerStandIn struct{ c client.Client }
 
 func (s *templateFinalizerStandIn) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {

@@ -33,9 +33,10 @@ type scenario struct {
 	rng   *rand.Rand
 	// extra are invariants of this scenario only, each a count that must be 0.
 	extra []namedCount
-	// onFinish runs after the namespaces are deleted, before the trial is recorded: it adds what
-	// was counted until then.
-	onFinish func()
+	// onDelete runs once the invariants are checked, before the namespaces are deleted;
+	// onFinish after they are deleted, before the trial is recorded: it adds what was counted
+	// until then.
+	onDelete, onFinish func()
 
 	mu         sync.Mutex
 	namespaces []string
@@ -111,8 +112,10 @@ type admission struct {
 	key types.NamespacedName
 	// uid is set when the Metal3Data was stored.
 	uid types.UID
-	// recorded is the claims annotation our webhook added, if any.
+	// recorded is the claims annotation our webhook added, if any, and token its admission
+	// annotation.
 	recorded []string
+	token    string
 	warnings []string
 	err      error
 	latency  time.Duration
@@ -182,7 +185,7 @@ func (sc *scenario) admit(ctx context.Context, data *infrav1.Metal3Data) admissi
 	err := metal3DataClient().Create(context.WithValue(ctx, warningsKey{}, &warnings), obj)
 	a := admission{key: client.ObjectKeyFromObject(data), warnings: warnings, err: err, latency: time.Since(start)}
 	if err == nil {
-		a.uid = obj.UID
+		a.uid, a.token = obj.UID, obj.Annotations[allocation.AdmissionAnnotation]
 		if v := obj.Annotations[allocation.ClaimsAnnotation]; v != "" {
 			a.recorded = strings.Split(v, ",")
 		}

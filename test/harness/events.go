@@ -15,6 +15,16 @@ var leftToCAPM3 = regexp.MustCompile(`(IPClaim|IPAddressClaim) (\S+) left to CAP
 // PreallocationIncomplete Events of namespace: a claim it could not create, or that CAPM3
 // created first (the admission answers once the creates are sent, before they are stored).
 func ClaimsLeftToCAPM3(ctx context.Context, c client.Reader, namespace string) (map[string]bool, error) {
+	return claimsLeftToCAPM3(ctx, c, namespace, func(eventsv1.Event) string { return "" })
+}
+
+// ClaimsLeftToCAPM3For lists them as uid/kind/name, uid that of the Metal3Data the Event is
+// about: a claim of the same name left to CAPM3 for another Metal3Data does not count.
+func ClaimsLeftToCAPM3For(ctx context.Context, c client.Reader, namespace string) (map[string]bool, error) {
+	return claimsLeftToCAPM3(ctx, c, namespace, func(e eventsv1.Event) string { return string(e.Regarding.UID) + "/" })
+}
+
+func claimsLeftToCAPM3(ctx context.Context, c client.Reader, namespace string, prefix func(eventsv1.Event) string) (map[string]bool, error) {
 	list := &eventsv1.EventList{}
 	if err := c.List(ctx, list, client.InNamespace(namespace)); err != nil {
 		return nil, err
@@ -25,7 +35,7 @@ func ClaimsLeftToCAPM3(ctx context.Context, c client.Reader, namespace string) (
 			continue
 		}
 		for _, m := range leftToCAPM3.FindAllStringSubmatch(e.Note, -1) {
-			left[m[1]+"/"+m[2]] = true
+			left[prefix(e)+m[1]+"/"+m[2]] = true
 		}
 	}
 	return left, nil

@@ -1,0 +1,181 @@
+package faults
+
+import (
+	"strings"
+	"testing"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/metal3-community/ip-preallocator/test/stack"
+)
+
+// The TestCheck tests run without a control plane (see needsControlPlane): the fault suite's
+// checks, each on a namespace that breaks only it, and on one that breaks none.
+
+func testClaim(name string, uid types.UID, address string) ipamv1.IPClaim {
+	c := ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{Name: name, UID: uid,
+		OwnerReferences: []metav1.OwnerReference{{Kind: "Metal3Data", Name: "d", UID: "data-" + uid}}}}
+	c.Spec.Pool.Name = "provisioning"
+	if address != "" {
+		c.Status.Address = &corev1.ObjectReference{Name: "provisioning-" + strings.ReplaceAll(address, ".", "-")}
+	}
+	return c
+}
+
+func testAddress(address, claimName string, claimUID types.UID) ipamv1.IPAddress {
+	a := ipamv1.IPAddress{ObjectMeta: metav1.ObjectMeta{Name: "provisioning-" + strings.ReplaceAll(address, ".", "-")}}
+	a.Spec.Address = ipamv1.IPAddressStr(address)
+	a.Spec.Pool.Name = "provisioning"
+	a.Spec.Claim.Name = claimName
+	if claimUID != "" {
+		a.OwnerReferences = []metav1.OwnerReference{{Kind: "IPPool", Name: "provisioning", UID: "pool"}, {Kind: "IPClaim", Name: claimName, UID: claimUID}}
+	}
+	return a
+}
+
+func testData(name, dataClaim string) infrav1.Metal3Data {
+	return infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("data-" + name)},
+		Spec: infrav1.Metal3DataSpec{Claim: &infrav1.Metal3ObjectRef{Name: dataClaim}}}
+}
+
+func rendered(ips ...string) corev1.Secret {
+	return corev1.Secret{Data: map[string][]byte{"networkData": []byte(
+		"links: []\nnetworks:\n- ip_address: " + strings.Join(ips, "\n- ip_address: ") + "\n  netmask: 255.255.0.0\n  routes:\n  - gateway: 172.16.0.1\n")}}
+}
+
+func TestCheckAddressViolations(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		state               namespaceState
+		wantOrphans, wantDo int64
+		wantEvidence        string
+	}{{
+		name: "each claim its own address, rendered once",
+		state: namespaceState{
+			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "ua", "172.16.0.10"), testClaim("b-provisioning", "ub", "172.16.0.100")},
+			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua"), testAddress("172.16.0.100", "b-provisioning", "ub")},
+			datas:       []infrav1.Metal3Data{testData("a", "ma"), testData("b", "mb")},
+			secrets:     map[string]corev1.Secret{"ma-networkdata": rendered("172.16.0.10"), "mb-networkdata": rendered("172.16.0.100")},
+		},
+	}, {
+		name: "an IPAddress of a claim re-created under its name is an orphan",
+		state: namespaceState{
+			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "new", "")},
+			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "old")},
+		},
+		wantOrphans: 1, wantEvidence: `of IPClaim a-provisioning (uid "old")`,
+	}, {
+		name: "an IPAddress whose claim reference the garbage collector removed is an orphan",
+		state: namespaceState{
+			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "ua", "")},
+			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "")},
+		},
+		wantOrphans: 1,
+	}, {
+		name: "one claim UID held by two IPAddresses",
+		state: namespaceState{
+			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "ua", "172.16.0.10")},
+			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua"), testAddress("172.16.0.11", "a-provisioning", "ua")},
+		},
+		wantDo: 1, wantEvidence: "is held by IPAddresses",
+	}, {
+		name: "one address in the status of two claims",
+		state: namespaceState{
+			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "ua", "172.16.0.10"), testClaim("b-provisioning", "ub", "172.16.0.10")},
+			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua")},
+		},
+		// b's status points at a's IPAddress, and the value is then held for two UIDs.
+		wantDo: 2, wantEvidence: "is held for claims",
+	}, {
+		name: "one address rendered for two Metal3Data",
+		state: namespaceState{
+			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "ua", "172.16.0.10")},
+			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua")},
+			datas:       []infrav1.Metal3Data{testData("a", "ma"), testData("b", "mb")},
+			secrets:     map[string]corev1.Secret{"ma-networkdata": rendered("172.16.0.10"), "mb-networkdata": rendered("172.16.0.10")},
+		},
+		wantDo: 1, wantEvidence: "is rendered for Metal3Data [a b]",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			orphans, double := namedCount{name: invOrphanAddress}, namedCount{name: invDoubleAllocation}
+			addressViolations("ns", &tc.state, tc.state.claims(), &orphans, &double)
+			if orphans.n != tc.wantOrphans || double.n != tc.wantDo {
+				t.Errorf("orphans %d, twice %d; want %d and %d\norphans: %v\ntwice: %v", orphans.n, double.n, tc.wantOrphans, tc.wantDo, orphans.evidence, double.evidence)
+			}
+			all := strings.Join(append(orphans.evidence, double.evidence...), "\n")
+			if !strings.Contains(all, tc.wantEvidence) {
+				t.Errorf("evidence does not say %q:\n%s", tc.wantEvidence, all)
+			}
+		})
+	}
+}
+
+// TestCheckRenderedAddressesAreParsed: an address is rendered when that very IP is, not a longer one
+// it is a prefix of.
+func TestCheckRenderedAddressesAreParsed(t *testing.T) {
+	claim := testClaim("a-provisioning", "ua", "172.16.0.10")
+	data := testData("a", "ma")
+	data.UID = "data-ua"
+	data.Status.Ready = ptr.To(true)
+	data.Spec.Template = &infrav1.Metal3ObjectRef{Name: mastersTemplate}
+	base := namespaceState{
+		ipClaims:    []ipamv1.IPClaim{claim, testClaim("a-baremetal", "ub", "")},
+		m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua")},
+	}
+	for _, tc := range []struct {
+		rendered string
+		want     bool
+	}{{"172.16.0.10", true}, {"172.16.0.100", false}, {"172.16.0.1", false}} {
+		s := base
+		s.secrets = map[string]corev1.Secret{"ma-networkdata": rendered(tc.rendered)}
+		problem := renderedProblem(&data, &s, s.claims())
+		if got := !strings.Contains(problem, "172.16.0.10 of claim a-provisioning is not rendered"); got != tc.want {
+			t.Errorf("rendered %s: problem %q", tc.rendered, problem)
+		}
+	}
+}
+
+// TestCheckLeftToCAPM3ByAdmission: a claim CAPM3 created is excused only by what the webhook said
+// of the admission that stored its Metal3Data, not of another with the same claim name.
+func TestCheckLeftToCAPM3ByAdmission(t *testing.T) {
+	rec := claimRecord{kind: "IPClaim", namespace: "ns", name: "d-provisioning", owner: "uid-now"}
+	now := admission{uid: "uid-now", token: "token-now"}
+	for _, tc := range []struct {
+		name           string
+		a              admission
+		events, logged map[string]bool
+		want           bool
+	}{
+		{name: "nothing said", a: now},
+		{name: "its admission warned", a: admission{uid: "uid-now", warnings: []string{"ip-preallocator: IPClaim d-provisioning left to CAPM3: exists"}}, want: true},
+		{name: "an Event about it", a: now, events: map[string]bool{"uid-now/IPClaim/d-provisioning": true}, want: true},
+		{name: "an Event about an earlier Metal3Data of the name", a: now, events: map[string]bool{"uid-before/IPClaim/d-provisioning": true}},
+		{name: "its admission's log line", a: now, logged: map[string]bool{"token-now/ns/IPClaim/d-provisioning": true}, want: true},
+		{name: "another admission's log line", a: now, logged: map[string]bool{"token-before/ns/IPClaim/d-provisioning": true}},
+		{name: "a warning about another claim", a: admission{uid: "uid-now", warnings: []string{"ip-preallocator: IPClaim d-provisioning-2 left to CAPM3: exists"}}},
+	} {
+		if got := leftBy(tc.a, rec, tc.events, tc.logged); got != tc.want {
+			t.Errorf("%s: excused %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestCheckPreallocatedShareByClaimUID: the share counts the claims each stored Metal3Data came to
+// own, by who created them, and nothing of other Metal3Data.
+func TestCheckPreallocatedShareByClaimUID(t *testing.T) {
+	recs := []claimRecord{
+		{uid: "1", owner: "d1", preallocatedFor: "d", creator: "webhook"},
+		{uid: "2", owner: "d1", creator: stack.CAPM3UserAgent},
+		{uid: "3", owner: "d2", creator: stack.CAPM3UserAgent},
+		{uid: "4", owner: "gone", preallocatedFor: "d", creator: "webhook"},
+		{uid: "5", preallocatedFor: "d", creator: "webhook"},
+	}
+	if pre, all := preallocatedShare(recs, map[types.UID]bool{"d1": true, "d2": true}); pre != 1 || all != 3 {
+		t.Errorf("preallocated %d of %d, want 1 of 3", pre, all)
+	}
+}
