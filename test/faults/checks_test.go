@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -177,5 +178,23 @@ func TestCheckPreallocatedShareByClaimUID(t *testing.T) {
 	}
 	if pre, all := preallocatedShare(recs, map[types.UID]bool{"d1": true, "d2": true}); pre != 1 || all != 3 {
 		t.Errorf("preallocated %d of %d, want 1 of 3", pre, all)
+	}
+}
+
+// TestCheckUpperBoundPerData: no event in n Metal3Data bounds the rate by about 3/n; more events
+// raise the bound above their observed rate.
+func TestCheckUpperBoundPerData(t *testing.T) {
+	if b := upperBoundPerData(0, 100); math.Abs(b-0.02996) > 0.0001 {
+		t.Errorf("0 in 100: %.5f, want 0.02996", b)
+	}
+	if b := upperBoundPerData(5, 100); b <= 0.05 || math.Abs(b-0.10513) > 0.0001 {
+		t.Errorf("5 in 100: %.5f, want 0.10513", b)
+	}
+	res := &scenarioResult{perTrial: []trialCounts{{stored: 50, counts: map[string]int64{invOrphanAddress: 1}}, {stored: 50, counts: map[string]int64{}}}}
+	table := strings.Join(perTrialTable(res, []string{invOrphanAddress}), "\n")
+	for _, want := range []string{"| 1 | 50 | 1 |", "| 2 | 50 | 0 |", "| all | 100 | 1 |", "| 95% upper bound per Metal3Data | | 0.0474 |"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("per-trial table lacks %q:\n%s", want, table)
+		}
 	}
 }

@@ -179,7 +179,7 @@ func chooseSizes() sizes {
 	}
 	if os.Getenv("FAULTS_FULL") != "" {
 		s = sizes{
-			name: "full", trials: 1, perNamespace: 100,
+			name: "full", trials: 5, perNamespace: 100,
 			killData: 220, kills: 24,
 			gateData:      200,
 			recreateNames: 20, recreateRounds: 8,
