@@ -33,10 +33,10 @@ fi
 leftovers() {
   local marker=$1
   for env in /proc/[0-9]*/environ; do
-    if tr '\0' '\n' <"$env" 2>/dev/null | grep -qxF "$marker"; then
+    if tr '\0' '\n' 2>/dev/null <"$env" | grep -qxF "$marker"; then
       pid=${env#/proc/}
       pid=${pid%/environ}
-      echo "$pid $(tr '\0' ' ' </proc/$pid/cmdline 2>/dev/null | cut -c1-120)"
+      echo "$pid $(tr '\0' ' ' 2>/dev/null </proc/$pid/cmdline | cut -c1-120)"
     fi
   done
 }

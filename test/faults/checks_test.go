@@ -198,3 +198,25 @@ func TestCheckUpperBoundPerData(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckAgainstBaselines: a count is above stock's when its rate per stored Metal3Data exceeds
+// the baseline's upper bound, and scenarios without a baseline are left out.
+func TestCheckAgainstBaselines(t *testing.T) {
+	results := []*scenarioResult{
+		{name: "namespaces", admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 7}}},
+		{name: "namespaces-stock", control: true, admitted: 100},
+		{name: "recreate", admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 2}}},
+		{name: "recreate-stock", control: true, admitted: 100},
+		{name: "leader-loss", admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 9}}},
+	}
+	got := strings.Join(againstBaselines(results, []string{invOrphanAddress}), "\n")
+	for _, want := range []string{"| namespaces | " + invOrphanAddress + " | 7 of 100 | 0.0700 | 0.0300 (0 of 100) | **above** |",
+		"| recreate | " + invOrphanAddress + " | 2 of 100 | 0.0200 | 0.0300 (0 of 100) | within |"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "leader-loss") {
+		t.Errorf("a scenario without a baseline is compared:\n%s", got)
+	}
+}

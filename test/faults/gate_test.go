@@ -28,6 +28,10 @@ const (
 	gateMessage   = "rejected by the fault suite's admission gate"
 )
 
+// stockLabel marks the namespaces of a baseline trial: our mutating webhook is not called there
+// (excludeStockNamespaces), so CAPM3 and the IPAMs run as without it.
+const stockLabel = "faults.ip-preallocator.metal3.io/stock"
+
 func installGate(ctx context.Context) error {
 	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: gatePolicy},

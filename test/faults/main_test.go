@@ -130,6 +130,9 @@ func setUp(ctx context.Context, dir string) error {
 	if recorder, err = startClaimRecorder(ctx, cp.Config); err != nil {
 		return err
 	}
+	if err := excludeStockNamespaces(ctx); err != nil {
+		return err
+	}
 	return installGate(ctx)
 }
 

@@ -123,6 +123,13 @@ func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount,
 // every count that is not 0 (with its evidence) and records the trial for the report.
 func (sc *scenario) finish(ctx context.Context, title string, started time.Time) {
 	res := sc.settle(ctx)
+	if sc.control {
+		for _, a := range sc.stored() {
+			if len(a.recorded) > 0 {
+				sc.t.Errorf("the baseline's Metal3Data %s was preallocated: the webhook was still called", a)
+			}
+		}
+	}
 	if sc.onDelete != nil {
 		sc.onDelete()
 	}
@@ -213,6 +220,15 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 		p("%s", row)
 	}
 	p("")
+	if lines := againstBaselines(r.results, []string{invNotReady, invTerminating, invOrphanAddress, invDoubleAllocation, invNamespaces}); len(lines) > 0 {
+		p("Against the baselines of the same run: each count per stored Metal3Data with the webhook, beside")
+		p("the 95%% upper bound of the same count per stored Metal3Data without it.")
+		p("")
+		for _, line := range lines {
+			p("%s", line)
+		}
+		p("")
+	}
 	for _, res := range r.results {
 		p("## %s", res.name)
 		p("")
@@ -281,7 +297,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("cd test && go test -count=1 -v ./faults   # the quick sizes, as make test runs them")
 	p("cd test && FAULTS_FULL=1 FAULTS_TRIALS=1 go test -count=1 -v -timeout 60m ./faults   # one trial of each")
 	p("cd test && FAULTS_FULL=1 FAULTS_IPAM_ONE_POOL_CONTROLLER=1 FAULTS_REPORT=/tmp/one.md go test -count=1 -v -timeout 60m \\")
-	p("  -run 'TestFaults/^(rejected-after-mutation|namespaces|recreate|recreate-stock)$' ./faults   # the IPAM experiment")
+	p("  -run 'TestFaults/^(rejected-after-mutation|namespaces|recreate)$' ./faults   # the IPAM experiment")
 	p("```")
 	p("")
 	p("Logs of every replica (`replica-<i>.log`, one section per start), kube-controller-manager, the")
@@ -290,6 +306,39 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 		return err
 	}
 	return os.WriteFile(path, b.Bytes(), 0o644)
+}
+
+// againstBaselines compares, for each scenario with a baseline (its name with -stock), each
+// count per stored Metal3Data with the webhook to the baseline's upper bound per stored Metal3Data.
+func againstBaselines(results []*scenarioResult, names []string) []string {
+	var lines []string
+	for _, res := range results {
+		if res.control {
+			continue
+		}
+		var stock *scenarioResult
+		for _, x := range results {
+			if x.control && x.name == res.name+"-stock" {
+				stock = x
+			}
+		}
+		if stock == nil {
+			continue
+		}
+		if len(lines) == 0 {
+			lines = []string{"| scenario | count | with the webhook | per Metal3Data | stock's upper bound per Metal3Data | verdict |", "|---|---|---:|---:|---:|---|"}
+		}
+		for _, n := range names {
+			k, stockK := countOf(res.counts, n), countOf(stock.counts, n)
+			rate, bound := float64(k)/float64(max(res.admitted, 1)), upperBoundPerData(stockK, stock.admitted)
+			verdict := "within"
+			if rate > bound {
+				verdict = "**above**"
+			}
+			lines = append(lines, fmt.Sprintf("| %s | %s | %d of %d | %.4f | %.4f (%d of %d) | %s |", res.name, n, k, res.admitted, rate, bound, stockK, stock.admitted, verdict))
+		}
+	}
+	return lines
 }
 
 // perTrialTable gives each trial's counts, their sum, and the upper bound of each per stored

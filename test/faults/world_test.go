@@ -276,6 +276,9 @@ func poolsOf(templateName string) []string {
 // over the stream) and the others mastersTemplate.
 func (sc *scenario) newWorld(ctx context.Context, ns string, n int, share float64) (*world, error) {
 	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{gateLabel: "true"}}}
+	if sc.control {
+		nsObj.Labels[stockLabel] = "true"
+	}
 	if err := cp.Client.Create(ctx, nsObj); err != nil {
 		return nil, err
 	}

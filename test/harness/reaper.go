@@ -22,7 +22,7 @@ const reapMarker = "IP_PREALLOCATOR_REAP"
 // the marker ($2). A process whose environment cannot be read has already exited.
 const reapScript = `while kill -0 "$1" 2>/dev/null; do sleep 1; done
 for env in /proc/[0-9]*/environ; do
-  if tr '\0' '\n' <"$env" 2>/dev/null | grep -qxF "$2"; then
+  if tr '\0' '\n' 2>/dev/null <"$env" | grep -qxF "$2"; then
     pid=${env#/proc/}
     kill -KILL "${pid%/environ}" 2>/dev/null
   fi
