@@ -71,7 +71,11 @@ fuzz: ## Run each fuzz target of the product module for $(FUZZTIME).
 test: tools lint verify-manifests test-unit ## Unit tests and the suites of the test module against a real control plane.
 	$(MAKE) --no-print-directory fuzz
 	@# One suite at a time, each with its own timeout; the quick fault scenarios only (make faults
-	@# runs them all at full size). SUITES="bench demo" runs only those.
+	@# runs them all at full size).
+	hack/test-suites.sh
+
+.PHONY: suites
+suites: tools ## Only the test module's suites, one at a time; SUITES="bench demo" picks some.
 	hack/test-suites.sh
 
 .PHONY: demo

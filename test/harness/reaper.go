@@ -83,7 +83,7 @@ func watchdog() {
 	margin := min(30*time.Second, timeout/2)
 	time.Sleep(time.Until(programStart.Add(timeout - margin)))
 	fmt.Fprintf(os.Stderr, "\nFAIL %s: still running %s after it started, %s before its -timeout of %s; "+
-		"its processes are stopped. The suite's timeout in hack/test-suites.sh is about twice what it "+
+		"its processes are stopped. The suite's timeout in hack/test-suites.sh is two to five times what it "+
 		"takes on an idle 2-core machine, so this one is slower or busier (load average %s).\n",
 		suiteName(), time.Since(programStart).Round(time.Second), margin, timeout, loadAverage())
 	os.Exit(1)
