@@ -123,6 +123,7 @@ func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount,
 // every count that is not 0 (with its evidence) and records the trial for the report.
 func (sc *scenario) finish(ctx context.Context, title string, started time.Time) {
 	res := sc.settle(ctx)
+	sc.shareFigure()
 	if sc.control {
 		for _, a := range sc.stored() {
 			if len(a.recorded) > 0 {
