@@ -220,3 +220,12 @@ func TestCheckAgainstBaselines(t *testing.T) {
 		t.Errorf("a scenario without a baseline is compared:\n%s", got)
 	}
 }
+
+func TestCheckUnfaultedDeletion(t *testing.T) {
+	if c := unfaultedDeletion(0); c.n != 1 {
+		t.Errorf("a namespace deletion without injected faults counted %d, want 1", c.n)
+	}
+	if c := unfaultedDeletion(7); c.n != 0 {
+		t.Errorf("a namespace deletion with faults counted %d, want 0", c.n)
+	}
+}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/metal3-community/ip-preallocator/test/harness"
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
@@ -36,6 +38,9 @@ var (
 	// capm3 counts what CAPM3 did; the suite reads claim creators from the claims themselves.
 	capm3    *stack.CAPM3
 	recorder *claimRecorder
+	// controllerLinks is the API server as CAPM3 and the Metal3 IPAM reach it: a fault proxy that
+	// injects nothing until a scenario sets its faults.
+	controllerLinks *harness.FaultProxy
 	size     sizes
 	report   = &suiteReport{}
 	logDir   string
@@ -118,10 +123,17 @@ func setUp(ctx context.Context, dir string) error {
 	opts := stack.Options{QPS: 500, Burst: 1000}
 	ipamOpts := opts
 	ipamOpts.OnePoolController = onePoolController()
-	if _, err := stack.StartIPAM(ctx, cp.Config, ipamOpts); err != nil {
+	if controllerLinks, err = cp.StartFaultProxy("controllers-proxy", cp.Kubeconfig, 1); err != nil {
 		return err
 	}
-	if capm3, err = stack.StartCAPM3(ctx, cp.Config, opts); err != nil {
+	linksConfig, err := clientcmd.BuildConfigFromFlags("", controllerLinks.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	if _, err := stack.StartIPAM(ctx, linksConfig, ipamOpts); err != nil {
+		return err
+	}
+	if capm3, err = stack.StartCAPM3(ctx, linksConfig, opts); err != nil {
 		return err
 	}
 	if err := startTemplateStandIn(ctx, cp.Config); err != nil {

@@ -41,7 +41,7 @@ func TestFaults(t *testing.T) {
 	}{
 		{"kills", "SIGKILL of the leader and of the other replica at random moments while Metal3Data are admitted, each restarted after a random pause; once per trial both are killed at once and restarted, and once both are restarted gracefully in turn, as in a rollout.", false, true, runKills},
 		{"leader-loss", "SIGKILL of the leader while a stream of Metal3Data is admitted (its last hand-overs held, so that it dies with Metal3Data admitted and not handed over); it stays down, as when its node dies, until the other replica holds the lease. Time-to-Ready of the Metal3Data the surviving replica admitted during that election window, against an idle reference (one at a time, no fault) measured in the same run; the Metal3Data the dead leader did not hand over must be handed over by the new leader.", false, false, runLeaderLoss},
-		{"api-faults", "Each replica reaches the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from start-up to the end of the namespace deletion.", false, false, runAPIFaults},
+		{"api-faults", "CAPM3 and the Metal3 IPAM, and each webhook replica, reach the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from the replicas' start-up to the end of the namespace deletion. In the baseline, CAPM3's and the IPAM's links meet the same faults.", false, true, runAPIFaults},
 		{"concurrent", "Metal3Data created all at once, admitted by both replicas; one in twenty has a claim in the InClusterIPPool.", false, true, runConcurrent},
 		{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are.", true, false, runGate},
 		{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, true, runRecreate},
@@ -649,23 +649,34 @@ func waitingClaims(ctx context.Context, ns string) []string {
 	return out
 }
 
+// runAPIFaults faults CAPM3's and the Metal3 IPAM's links to the API server in both modes, and
+// with the webhook each replica's own link too: the baseline is stock under the same faults.
 func runAPIFaults(ctx context.Context, sc *scenario) {
 	sc.webhookFaults = true
 	rs := cp.Replicas
 	faults := harness.Faults{TooManyRequests: 0.05, InternalError: 0.05, Reset: 0.05, Latency: 0.10, Delay: 300 * time.Millisecond}
-	var proxies []*harness.FaultProxy
-	for i := range rs.Len() {
-		p, err := cp.StartFaultProxy(fmt.Sprintf("api-proxy-%d-%d", sc.trial, i), rs.DefaultKubeconfig(), uint64(100*sc.trial+i))
-		if err != nil {
-			sc.t.Fatal(err)
+	proxies := []*harness.FaultProxy{controllerLinks}
+	if !sc.control {
+		for i := range rs.Len() {
+			p, err := cp.StartFaultProxy(fmt.Sprintf("api-proxy-%d-%d", sc.trial, i), rs.DefaultKubeconfig(), uint64(100*sc.trial+i))
+			if err != nil {
+				sc.t.Fatal(err)
+			}
+			proxies = append(proxies, p)
 		}
+	}
+	countsBefore := controllerLinks.Counts()
+	for _, p := range proxies {
 		p.Set(faults)
-		proxies = append(proxies, p)
 	}
 	// The faults last until the namespaces are gone; a trial that ends early takes them away at once.
 	restore := func() {
+		controllerLinks.Set(harness.Faults{})
+		if sc.control {
+			return
+		}
 		reconnectDirectly(ctx, sc.t)
-		for _, p := range proxies {
+		for _, p := range proxies[1:] {
 			p.Close()
 		}
 	}
@@ -676,56 +687,65 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 		}
 	}()
 	before := rs.Counts()
-	for i := range rs.Len() {
-		rs.StopReplica(i)
-		rs.SetKubeconfig(i, proxies[i].Kubeconfig)
-		if err := rs.Restart(i); err != nil {
-			sc.t.Fatal(err)
+	if !sc.control {
+		for i := range rs.Len() {
+			rs.StopReplica(i)
+			rs.SetKubeconfig(i, proxies[i+1].Kubeconfig)
+			if err := rs.Restart(i); err != nil {
+				sc.t.Fatal(err)
+			}
 		}
+		ensureReplicas(ctx, sc.t)
 	}
-	ensureReplicas(ctx, sc.t)
 	_, machines := sc.worlds(ctx, size.apiFaultData, size.perNamespace, inClusterShare)
 	stream(machines, 4, 100*time.Millisecond, func(m *fixtures.Machine) { sc.admit(ctx, m.Data) })
 	sc.touch()
 	sc.admissionFigures()
-	proxied := func() int64 {
+	injected := func() int64 {
 		var n int64
 		for _, p := range proxies {
-			n += p.Counts().Requests
+			n += p.Counts().Injected()
 		}
 		return n
 	}
 	var atDeletion int64
-	sc.onDelete = func() { atDeletion = proxied() }
+	sc.onDelete = func() { atDeletion = injected() }
 	sc.onFinish = func() {
 		defer restore()
 		var total harness.FaultCounts
 		for i, p := range proxies {
 			c := p.Counts()
-			sc.figure("replica %d's API requests: %s", i, c)
-			total.Requests += c.Requests
-			total.TooManyRequests += c.TooManyRequests
-			total.InternalError += c.InternalError
-			total.Reset += c.Reset
-			total.Delayed += c.Delayed
+			if i == 0 {
+				c = c.Since(countsBefore)
+				sc.figure("CAPM3's and the Metal3 IPAM's API requests: %s", c)
+			} else {
+				sc.figure("replica %d's API requests: %s", i-1, c)
+			}
+			total = total.Plus(c)
 		}
 		sc.addFault("429 Too Many Requests", total.TooManyRequests)
 		sc.addFault("500 Internal Server Error", total.InternalError)
 		sc.addFault("connection resets", total.Reset)
 		sc.addFault("requests delayed", total.Delayed)
-		after := rs.Counts()
-		sc.figure("replica exits nobody caused (restarted after 1 s): %d", after.Crashes-before.Crashes)
-		// The replicas renew their lease every few seconds: none through the proxies while the
-		// namespaces were deleted means the faults were not there then.
-		duringDeletion := proxied() - atDeletion
-		sc.figure("API requests of the replicas through the faulting proxies while the namespaces were deleted: %d", duringDeletion)
-		unfaulted := namedCount{name: "namespace deletions without the API faults"}
-		if duringDeletion == 0 {
-			unfaulted.add("no request of a replica went through the proxies while the namespaces were deleted")
+		if !sc.control {
+			after := rs.Counts()
+			sc.figure("replica exits nobody caused (restarted after 1 s): %d", after.Crashes-before.Crashes)
 		}
-		sc.extra = append(sc.extra, unfaulted)
+		duringDeletion := injected() - atDeletion
+		sc.figure("faults injected while the namespaces were deleted: %d", duringDeletion)
+		sc.extra = append(sc.extra, unfaultedDeletion(duringDeletion))
 	}
 	scheduled = true
+}
+
+// unfaultedDeletion counts a namespace deletion that met no injected fault: the faults were
+// taken away too early, and the scenario did not test what it says.
+func unfaultedDeletion(injectedDuringDeletion int64) namedCount {
+	c := namedCount{name: "namespace deletions without the API faults"}
+	if injectedDuringDeletion == 0 {
+		c.add("no fault was injected while the namespaces were deleted")
+	}
+	return c
 }
 
 // concurrentInClusterShare keeps the in-cluster IPAM's share of the concurrent burst at 50 claims

@@ -41,6 +41,22 @@ func (c FaultCounts) Injected() int64 {
 	return c.TooManyRequests + c.InternalError + c.Reset + c.Delayed
 }
 
+// Since is what was counted after earlier.
+func (c FaultCounts) Since(earlier FaultCounts) FaultCounts {
+	return FaultCounts{
+		Requests: c.Requests - earlier.Requests, TooManyRequests: c.TooManyRequests - earlier.TooManyRequests,
+		InternalError: c.InternalError - earlier.InternalError, Reset: c.Reset - earlier.Reset, Delayed: c.Delayed - earlier.Delayed,
+	}
+}
+
+// Plus is the sum of both counts.
+func (c FaultCounts) Plus(other FaultCounts) FaultCounts {
+	return FaultCounts{
+		Requests: c.Requests + other.Requests, TooManyRequests: c.TooManyRequests + other.TooManyRequests,
+		InternalError: c.InternalError + other.InternalError, Reset: c.Reset + other.Reset, Delayed: c.Delayed + other.Delayed,
+	}
+}
+
 func (c FaultCounts) String() string {
 	return fmt.Sprintf("%d requests: %d answered 429, %d answered 500, %d reset, %d delayed",
 		c.Requests, c.TooManyRequests, c.InternalError, c.Reset, c.Delayed)
