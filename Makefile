@@ -90,6 +90,10 @@ bench: tools ## Measure preallocated against stock CAPM3; writes bench/results/ 
 faults: tools ## Run the fault suite at full size, five trials of each scenario (one took about 20 minutes); writes docs/reliability.md.
 	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md go test -count=1 -v -timeout 180m ./faults
 
+.PHONY: faults-corrected-ipam
+faults-corrected-ipam: tools ## make faults with a test double of the Metal3 IPAM that has its races fixed; writes docs/reliability-corrected-ipam.md.
+	cd test && FAULTS_FULL=1 FAULTS_IPAM=corrected FAULTS_REPORT=$(CURDIR)/docs/reliability-corrected-ipam.md go test -count=1 -v -timeout 180m ./faults
+
 .PHONY: build
 build: ## Build the webhook binary into bin/ (static, VERSION stamped), as CI and the Dockerfile do.
 	$(GO_BUILD) -o $(WEBHOOK_BIN) ./cmd/webhook

@@ -7,6 +7,6 @@
 //
 // `go test ./faults` runs a quick version of every scenario; FAULTS_FULL=1 selects the full sizes,
 // and FAULTS_REPORT=<file> writes the measured figures as Markdown (`make faults` does both and
-// writes docs/reliability.md). FAULTS_IPAM_ONE_POOL_CONTROLLER=1 runs the Metal3 IPAM with one of
-// its two IPPool controllers, an experiment that tells the IPAM's own races from ours.
+// writes docs/reliability.md). FAULTS_IPAM=corrected puts the corrected IPAM test double of
+// test/stack in the Metal3 IPAM's place, so that what the suite finds then is ours.
 package faults

@@ -122,7 +122,7 @@ func setUp(ctx context.Context, dir string) error {
 	// defaults the controllers would take minutes to work through the larger scenarios.
 	opts := stack.Options{QPS: 500, Burst: 1000}
 	ipamOpts := opts
-	ipamOpts.OnePoolController = onePoolController()
+	ipamOpts.CorrectedIPAM = correctedIPAM()
 	if controllerLinks, err = cp.StartFaultProxy("controllers-proxy", cp.Kubeconfig, 1); err != nil {
 		return err
 	}
@@ -210,6 +210,6 @@ func chooseSizes() sizes {
 	return s
 }
 
-// onePoolController is FAULTS_IPAM_ONE_POOL_CONTROLLER: the experiment of stack.Options'
-// OnePoolController, which the report names.
-func onePoolController() bool { return os.Getenv("FAULTS_IPAM_ONE_POOL_CONTROLLER") != "" }
+// correctedIPAM is FAULTS_IPAM=corrected: the Metal3 IPAM's place is taken by the corrected test
+// double of stack.Options' CorrectedIPAM, which the report names.
+func correctedIPAM() bool { return os.Getenv("FAULTS_IPAM") == "corrected" }

@@ -77,12 +77,10 @@ type Options struct {
 	// HoldMetal3Data keeps the Metal3Data controller's reconciles waiting until
 	// CAPM3.ReleaseMetal3Data, as when its queue is behind, while the template controller works.
 	HoldMetal3Data bool
-	// OnePoolController runs only the first of the two IPPool controllers the Metal3 IPAM's
-	// main.go starts (both reconcile every claim of a pool, each from its own list): an
-	// experiment that shows which failures of the fault suite come from the two racing; never
-	// how the IPAM is deployed. IPAddressClaims of a Metal3 IPPool are then served only when an
-	// IPClaim or the pool changes (the fault suite has none).
-	OnePoolController bool
+	// CorrectedIPAM runs the corrected IPAM test double (see correctedipam.go) instead of the
+	// Metal3 IPAM as its main.go runs it: IPAddressClaims of a Metal3 IPPool are then served only
+	// when an IPClaim or the pool changes.
+	CorrectedIPAM bool
 }
 
 func (o Options) cache() cache.Options {
@@ -456,7 +454,7 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 }
 
 // StartIPAM runs the Metal3 IPAM v1.13.2 IPPool controllers, for IPClaims and for IPAddressClaims
-// that name a Metal3 IPPool, with the manager options of its main.go.
+// that name a Metal3 IPPool, with the manager options of its main.go, or the corrected double.
 func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, error) {
 	opts = opts.withDefaults()
 	cfg = rest.CopyConfig(cfg)
@@ -466,6 +464,10 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 	_ = ipamv1.AddToScheme(s)
 	_ = clusterv1.AddToScheme(s)
 	_ = capipamv1.AddToScheme(s)
+	newClient := client.New
+	if opts.CorrectedIPAM {
+		newClient = correctedIPAMClient
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  s,
 		GracefulShutdownTimeout: &shutdownTimeout,
@@ -473,6 +475,7 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 		HealthProbeBindAddress:  "0",
 		Cache:                   opts.cache(),
 		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}},
+		NewClient:               newClient,
 	})
 	if err != nil {
 		return nil, err
@@ -490,7 +493,7 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 		ManagerFactory: ipam.NewManagerFactory(mgr.GetClient()),
 		Log:            ctrl.Log.WithName("controllers").WithName("IPPoolForIPAddressClaim"),
 	}
-	if !opts.OnePoolController {
+	if !opts.CorrectedIPAM {
 		if err := forAddressClaim.SetupWithManagerForIPAddressClaim(ctx, mgr, opts.controllerOptions()); err != nil {
 			return nil, err
 		}

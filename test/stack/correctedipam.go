@@ -1,0 +1,84 @@
+package stack
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+)
+
+// The corrected IPAM is a test double, never shipped: the Metal3 IPAM v1.13.2's own code, run with
+// the three races the fault suite drives it into taken out, so that what the suite still finds is
+// ours:
+//   - two IPPool controllers reconcile every claim of a pool, each from its own snapshot: only
+//     the IPClaim one runs;
+//   - the pool's status.allocations, keyed by claim name, and the claims are read from the cache:
+//     a claim created again under the name of one just freed is answered with the freed address.
+//     They are read live, and one controller serialises a pool's passes;
+//   - the IPAddress is created before the claim's finalizer is saved: a claim deleted in between
+//     can no longer take the finalizer, and nobody frees the address. The finalizer is saved
+//     first, on the claim the address names (same UID, not being deleted), or nothing is created.
+
+// correctedIPAMClient wraps the IPAM's client: uncached reads of what allocation depends on, and
+// the claim's finalizer saved before its IPAddress is created.
+func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, error) {
+	if o.Cache == nil {
+		o.Cache = &client.CacheOptions{}
+	}
+	o.Cache.DisableFor = append(o.Cache.DisableFor, &ipamv1.IPPool{}, &ipamv1.IPClaim{}, &ipamv1.IPAddress{})
+	c, err := client.NewWithWatch(cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	return interceptor.NewClient(c, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if address, ok := obj.(*ipamv1.IPAddress); ok {
+				if err := finalizeClaimFirst(ctx, c, address); err != nil {
+					return err
+				}
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	}), nil
+}
+
+// finalizeClaimFirst saves the IPAM's finalizer on the claim address is for, from a live read, or
+// fails when that claim is gone, replaced or being deleted; the IPAM then retries the pool.
+func finalizeClaimFirst(ctx context.Context, c client.Client, address *ipamv1.IPAddress) error {
+	i := slices.IndexFunc(address.OwnerReferences, func(ref metav1.OwnerReference) bool { return ref.Kind == "IPClaim" })
+	if i < 0 {
+		return fmt.Errorf("IPAddress %s/%s names no IPClaim owner", address.Namespace, address.Name)
+	}
+	owner := address.OwnerReferences[i]
+	claim := &ipamv1.IPClaim{}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: address.Namespace, Name: owner.Name}, claim); err != nil {
+		return fmt.Errorf("reading IPClaim %s/%s before creating its IPAddress: %w", address.Namespace, owner.Name, err)
+	}
+	if claim.UID != owner.UID || !claim.DeletionTimestamp.IsZero() {
+		return apierrors.NewConflict(ipamv1.GroupVersion.WithResource("ipclaims").GroupResource(), claim.Name,
+			fmt.Errorf("the IPClaim the address was allocated for is gone or being deleted"))
+	}
+	if slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer) {
+		return nil
+	}
+	add := map[string]any{"op": "add", "path": "/metadata/finalizers/-", "value": ipamv1.IPClaimFinalizer}
+	if len(claim.Finalizers) == 0 {
+		add = map[string]any{"op": "add", "path": "/metadata/finalizers", "value": []string{ipamv1.IPClaimFinalizer}}
+	}
+	ops, err := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/uid", "value": owner.UID}, add})
+	if err != nil {
+		return err
+	}
+	if err := c.Patch(ctx, claim, client.RawPatch(types.JSONPatchType, ops)); err != nil {
+		return fmt.Errorf("saving the IPAM's finalizer on IPClaim %s/%s before creating its IPAddress: %w", claim.Namespace, claim.Name, err)
+	}
+	return nil
+}
