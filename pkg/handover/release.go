@@ -240,10 +240,13 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		if r.TakeOver {
 			return ctrl.Result{}, nil
 		}
-		// At once: with the IPAM's finalizer on it, the IPAM frees the address once ours is gone
-		// (the Metal3 IPAM deletes an IPAddress only when its own is the claim's last finalizer).
-		// Without, waiting gains nothing: the API server refuses new finalizers on an object being
-		// deleted, so the IPAM can no longer answer it.
+		// With the IPAM's finalizer on it, the IPAM frees the address once ours is gone (the Metal3
+		// IPAM deletes an IPAddress only when its own is the claim's last finalizer). Without, our
+		// finalizer keeps the claim, and its name, until no IPAddress the IPAM may still make for it
+		// can stray.
+		if wait, err := r.releaseStrays(ctx, claim); wait > 0 || err != nil {
+			return ctrl.Result{RequeueAfter: wait}, err
+		}
 		logger.Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
 		_, err := allocation.Finish(ctx, r.Client, claim)
 		return ctrl.Result{}, err
@@ -312,6 +315,35 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 	}
 	return ctrl.Result{}, r.release(ctx, req.NamespacedName, dataName)
+}
+
+// strayWait is how long after its deletion a waiting claim the Metal3 IPAM never finalized is
+// kept: long enough for a pass of the pool that listed the claim before the deletion to end.
+const strayWait = 10 * time.Second
+
+// releaseStrays releases the IPAddresses the Metal3 IPAM made for a deleted waiting IPClaim it
+// could not finalize (see allocation.StrayAddresses), and returns how much longer the claim is
+// kept for such addresses to appear.
+func (r *Release) releaseStrays(ctx context.Context, claim *metav1.PartialObjectMetadata) (time.Duration, error) {
+	if r.ClaimGVK.Kind != allocation.KindIPClaim || ipamHandled(claim) {
+		return 0, nil
+	}
+	strays, err := allocation.StrayAddresses(ctx, r.APIReader, claim)
+	if err != nil {
+		return 0, err
+	}
+	for i := range strays {
+		log.FromContext(ctx).Info("Releasing an IPAddress the IPAM made for a waiting claim it could not finalize",
+			r.ClaimGVK.Kind, klog.KObj(claim), "IPAddress", klog.KObj(&strays[i]))
+		if err := allocation.ReleaseStray(ctx, r.Client, &strays[i]); err != nil {
+			return 0, err
+		}
+	}
+	if len(strays) > 0 {
+		// Until the released addresses are gone.
+		return time.Second, nil
+	}
+	return min(strayWait, strayWait-time.Since(claim.DeletionTimestamp.Time)), nil
 }
 
 // answerGrace is how long a take-over that waited for the IPAM's answers leaves them to the

@@ -419,12 +419,60 @@ func TestWaitingClaimDeletedIsFinished(t *testing.T) {
 	if err := cp.Client.Delete(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	harness.Eventually(t, 10*time.Second, func() error {
+	harness.Eventually(t, strayWait+10*time.Second, func() error {
 		got, err := claimOf(ctx, m, fixtures.ProvisioningPool)
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("claim still there (%v): finalizers %v", err, got.GetFinalizers())
+	})
+}
+
+// strayWait is how long the webhook keeps a deleted waiting claim the IPAM never finalized.
+const strayWait = 10 * time.Second
+
+// TestStrayAddressOfDeletedWaitingClaimIsReleased plays the Metal3 IPAM's race: a pass that listed
+// a waiting claim before it was deleted creates its IPAddress after (it then fails to save its
+// finalizer on the claim). The webhook keeps the claim while the IPAM may still do that, releases
+// the IPAddress as the IPAM would, and only then lets the claim go; finished at once, the claim
+// would leave the IPAddress holding its address, and its finalizer the namespace, for ever.
+func TestStrayAddressOfDeletedWaitingClaimIsReleased(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "stray-address")
+	m := machines(t, ns, 1)[0]
+	claim := waitingClaim(t, m, "stray-admission")
+	if err := cp.Client.Delete(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	address := &ipamv1.IPAddress{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: fixtures.ProvisioningPool + "-192-168-0-10", Namespace: ns,
+			Finalizers: []string{ipamv1.IPAddressFinalizer},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: ipamv1.GroupVersion.String(), Kind: "IPClaim", Name: claim.Name, UID: claim.UID,
+			}},
+		},
+		Spec: ipamv1.IPAddressSpec{
+			Address: "192.168.0.10",
+			Pool:    corev1.ObjectReference{Name: fixtures.ProvisioningPool, Namespace: ns},
+			Claim:   corev1.ObjectReference{Name: claim.Name, Namespace: ns},
+		},
+	}
+	if err := cp.Client.Create(ctx, address); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim); err != nil {
+		t.Fatalf("the claim went before the IPAM could have made its address: %v", err)
+	}
+	harness.Eventually(t, strayWait+10*time.Second, func() error {
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(address), address); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("IPAddress still there (%v): finalizers %v", err, address.Finalizers)
+		}
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("claim still there (%v): finalizers %v", err, claim.Finalizers)
+		}
+		return nil
 	})
 }
 
