@@ -41,9 +41,9 @@ var (
 	// controllerLinks is the API server as CAPM3 and the Metal3 IPAM reach it: a fault proxy that
 	// injects nothing until a scenario sets its faults.
 	controllerLinks *harness.FaultProxy
-	size     sizes
-	report   = &suiteReport{}
-	logDir   string
+	size            sizes
+	report          = &suiteReport{}
+	logDir          string
 )
 
 func TestMain(m *testing.M) {
