@@ -19,6 +19,7 @@ suites=(
   "./faults           5  3m -run ^TestCheck"
   "./faults         350 15m -run TestFaults/^(kills|rejected-after-mutation|leader-loss|api-faults)$"
   "./integration    170 10m -v"
+  "./ipamrace        40  5m -v"
 )
 
 # Every package of the test module with tests is in the list: a new one must be given its budget here.

@@ -137,7 +137,8 @@ func (o *options) checkFlags() error {
 	return nil
 }
 
-// cached lists what the admission path and the hand-over read, all through the cache; only the
+// cached lists what the admission path, the hand-over and the surplus release (IPAddress
+// metadata) read, all through the cache; only the
 // Metal3DataTemplate, Metal3Machine and Cluster are read beyond their metadata, and the claims'
 // status, which the hand-over waits for (the IPAM's answer), from a second informer of each kind
 // (with the IPAMWait off, only its metadata one runs).
@@ -152,6 +153,7 @@ func cached(ipamWait bool) []client.Object {
 		allocation.Metadata(allocation.IPClaimGVK),
 		allocation.Metadata(allocation.IPAddressClaimGVK),
 		allocation.Metadata(allocation.Metal3DataGVK),
+		allocation.Metadata(allocation.Metal3AddressGVK),
 	}
 	if ipamWait {
 		objs = append(objs, &ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{})
@@ -285,6 +287,10 @@ func run(ctx context.Context, o options) error {
 				return err
 			}
 		}
+	}
+
+	if err := (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, o.concurrency); err != nil {
+		return err
 	}
 
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {

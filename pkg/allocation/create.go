@@ -103,7 +103,7 @@ func (c *Creator) create(ctx context.Context, dataName, token string, claim Clai
 	// A throttled or failing API server is retried within the creation's deadline: every claim
 	// left to CAPM3 costs the head start.
 	err = withRetries(ctx, isTransient, func() error {
-		return c.Client.Create(onWire(ctx, sent), obj.DeepCopyObject().(client.Object))
+		return c.Client.Create(onWire(ctx, sent), obj.DeepCopyObject().(client.Object), client.FieldOwner(FieldManager))
 	})
 	if err == nil {
 		return Result{Claim: claim, Name: obj.GetName(), Outcome: Created}

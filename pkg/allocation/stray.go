@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"gomodules.xyz/jsonpatch/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -20,30 +22,58 @@ import (
 // While CAPM3's finalizer keeps such a claim, the IPAddress can still be released the way the
 // IPAM would release it.
 
+// Metal3AddressGVK and Metal3AddressListGVK are the Metal3 IPAM's IPAddress.
+var (
+	Metal3AddressGVK     = ipamv1.GroupVersion.WithKind("IPAddress")
+	Metal3AddressListGVK = ipamv1.GroupVersion.WithKind("IPAddressList")
+)
+
+// AddressClaimUID is the UID of the IPClaim a Metal3 IPAddress was made for, from its owner
+// reference; empty once the garbage collector removed that reference.
+func AddressClaimUID(address metav1.Object) types.UID {
+	for _, ref := range address.GetOwnerReferences() {
+		if ref.Kind == KindIPClaim {
+			return ref.UID
+		}
+	}
+	return ""
+}
+
+// FieldManager is the field manager of the claims the webhook creates: their managedFields tell
+// them from CAPM3's after the hand-over.
+const FieldManager = "ip-preallocator"
+
+// CreatedHere tells whether the webhook created the claim, from its managedFields (as read live:
+// the caches strip them).
+func CreatedHere(claim metav1.Object) bool {
+	return slices.ContainsFunc(claim.GetManagedFields(), func(f metav1.ManagedFieldsEntry) bool {
+		return f.Manager == FieldManager && f.FieldsV1 != nil && strings.Contains(string(f.FieldsV1.Raw), `"f:spec"`)
+	})
+}
+
 // StrayAddresses lists, live, the Metal3 IPAM's IPAddresses made for claim, an IPClaim being
 // deleted that the IPAM never finalized.
 func StrayAddresses(ctx context.Context, r client.Reader, claim *metav1.PartialObjectMetadata) ([]metav1.PartialObjectMetadata, error) {
 	list := &metav1.PartialObjectMetadataList{}
-	list.SetGroupVersionKind(ipamv1.GroupVersion.WithKind("IPAddressList"))
+	list.SetGroupVersionKind(Metal3AddressListGVK)
 	if err := r.List(ctx, list, client.InNamespace(claim.Namespace)); err != nil {
 		return nil, fmt.Errorf("listing the IPAddresses of namespace %s: %w", claim.Namespace, err)
 	}
 	var stray []metav1.PartialObjectMetadata
 	for _, address := range list.Items {
-		if slices.ContainsFunc(address.OwnerReferences, func(ref metav1.OwnerReference) bool {
-			return ref.UID == claim.UID && ref.Kind == KindIPClaim
-		}) {
+		if AddressClaimUID(&address) == claim.UID {
 			stray = append(stray, address)
 		}
 	}
 	return stray, nil
 }
 
-// ReleaseStray releases an IPAddress of StrayAddresses as the IPAM releases one: deleted, and
-// its IPAM finalizer removed (in that order, so that a failure in between leaves it to be found
-// again). The IPAM then counts the address free on its next pass of the pool.
-func ReleaseStray(ctx context.Context, c client.Writer, address *metav1.PartialObjectMetadata) error {
-	obj := Metadata(ipamv1.GroupVersion.WithKind("IPAddress"))
+// ReleaseAddress releases an IPAddress the IPAM will never release itself (a stray, or a surplus)
+// as the IPAM releases one: deleted, and its IPAM finalizer removed (in that order, so that a
+// failure in between leaves it to be found again). The IPAM then counts the address free on its
+// next pass of the pool.
+func ReleaseAddress(ctx context.Context, c client.Writer, address *metav1.PartialObjectMetadata) error {
+	obj := Metadata(Metal3AddressGVK)
 	obj.SetNamespace(address.Namespace)
 	obj.SetName(address.Name)
 	if address.DeletionTimestamp.IsZero() {

@@ -335,7 +335,7 @@ func (r *Release) releaseStrays(ctx context.Context, claim *metav1.PartialObject
 	for i := range strays {
 		log.FromContext(ctx).Info("Releasing an IPAddress the IPAM made for a waiting claim it could not finalize",
 			r.ClaimGVK.Kind, klog.KObj(claim), "IPAddress", klog.KObj(&strays[i]))
-		if err := allocation.ReleaseStray(ctx, r.Client, &strays[i]); err != nil {
+		if err := allocation.ReleaseAddress(ctx, r.Client, &strays[i]); err != nil {
 			return 0, err
 		}
 	}

@@ -229,3 +229,20 @@ func TestCheckUnfaultedDeletion(t *testing.T) {
 		t.Errorf("a namespace deletion with faults counted %d, want 0", c.n)
 	}
 }
+
+// TestCheckFailuresAgainstStock: a scenario with a baseline fails for a count above stock's bound,
+// not for one within it, and fails when its baseline is missing.
+func TestCheckFailuresAgainstStock(t *testing.T) {
+	r := &suiteReport{results: []*scenarioResult{
+		{name: "namespaces", admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 7}, {name: invNotReady, n: 1}}},
+		{name: "namespaces-stock", control: true, admitted: 100},
+		{name: "kills", admitted: 100},
+	}}
+	got := r.failuresAgainstStock("namespaces")
+	if len(got) != 1 || !strings.Contains(got[0], invOrphanAddress) {
+		t.Errorf("namespaces: got %q, want one failure for %s", got, invOrphanAddress)
+	}
+	if got := r.failuresAgainstStock("kills"); len(got) != 1 || !strings.Contains(got[0], "no baseline") {
+		t.Errorf("kills without its baseline: got %q", got)
+	}
+}

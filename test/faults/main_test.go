@@ -193,15 +193,16 @@ func chooseSizes() sizes {
 		leaderIdle:     12,
 	}
 	if os.Getenv("FAULTS_FULL") != "" {
+		// Five trials of each, both modes, in about an hour on two cores.
 		s = sizes{
 			name: "full", trials: 5, perNamespace: 100,
-			killData: 220, kills: 24,
-			gateData:      200,
-			recreateNames: 20, recreateRounds: 8,
-			deletedNamespaces: 8, machinesPerNamespace: 15, handDeleted: 40,
-			apiFaultData:   200,
-			concurrentData: 1000,
-			leaderIdle:     25,
+			killData: 100, kills: 10,
+			gateData:      100,
+			recreateNames: 10, recreateRounds: 6,
+			deletedNamespaces: 4, machinesPerNamespace: 12, handDeleted: 24,
+			apiFaultData:   100,
+			concurrentData: 300,
+			leaderIdle:     20,
 		}
 	}
 	if n, err := strconv.Atoi(os.Getenv("FAULTS_TRIALS")); err == nil && n > 0 {

@@ -64,7 +64,7 @@ func TestFaults(t *testing.T) {
 						name += "-stock"
 					}
 					sc := newScenario(t, name, uint64(trial))
-					sc.trial, sc.control = trial, stock
+					sc.trial, sc.control, sc.baseline = trial, stock, s.baseline && !stock
 					// Every stock admission goes unanswered by the webhook, by design.
 					sc.webhookFaults = sc.webhookFaults || stock
 					started := time.Now()
@@ -72,6 +72,11 @@ func TestFaults(t *testing.T) {
 					s.run(ctx, sc)
 					sc.figure("load average (1 min) of the machine: %s at the start, %s after the stream", load, loadAverage())
 					sc.finish(ctx, s.title, started)
+				}
+			}
+			if s.baseline {
+				for _, f := range report.failuresAgainstStock(s.name) {
+					t.Error(f)
 				}
 			}
 		})

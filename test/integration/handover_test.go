@@ -496,3 +496,70 @@ func TestPatchRejectionsAreTold(t *testing.T) {
 		t.Fatalf("an owner reference without UID must be a reported rejection, got %v", err)
 	}
 }
+
+// TestSurplusAddressReleased plays the Metal3 IPAM's double allocation: its two IPPool controllers
+// both allocate for one claim, and the claim's status names the last. For a claim the webhook
+// created, the IPAddress the status does not name is released once both are older than the
+// IPAM's writes can be; the one it names, and both of a claim CAPM3 created, are left alone.
+func TestSurplusAddressReleased(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "surplus-address")
+	ours := claimWithAddresses(t, ns, "ours-provisioning", allocation.FieldManager, "192.168.0.10", "192.168.0.11")
+	capm3s := claimWithAddresses(t, ns, "capm3s-provisioning", "manager", "192.168.0.20", "192.168.0.21")
+	harness.Eventually(t, 30*time.Second, func() error {
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(ours[1]), &ipamv1.IPAddress{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the surplus IPAddress %s is still there (%v)", ours[1].Name, err)
+		}
+		return nil
+	})
+	for _, kept := range []*ipamv1.IPAddress{ours[0], capm3s[0], capm3s[1]} {
+		got := &ipamv1.IPAddress{}
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(kept), got); err != nil || got.DeletionTimestamp != nil {
+			t.Errorf("IPAddress %s was released (%v)", kept.Name, err)
+		}
+	}
+}
+
+// claimWithAddresses creates an IPClaim as manager, two IPAddresses made for it, and its status
+// naming the first.
+func claimWithAddresses(t *testing.T, ns, name, manager string, ips ...ipamv1.IPAddressStr) []*ipamv1.IPAddress {
+	t.Helper()
+	ctx := context.Background()
+	claim := &ipamv1.IPClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Finalizers: []string{infrav1.DataFinalizer}},
+		Spec:       ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: fixtures.ProvisioningPool, Namespace: ns}},
+	}
+	if err := cp.Client.Create(ctx, claim, client.FieldOwner(manager)); err != nil {
+		t.Fatal(err)
+	}
+	var addresses []*ipamv1.IPAddress
+	for _, ip := range ips {
+		address := &ipamv1.IPAddress{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: fixtures.ProvisioningPool + "-" + strings.ReplaceAll(string(ip), ".", "-"), Namespace: ns,
+				Finalizers:      []string{ipamv1.IPAddressFinalizer},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: ipamv1.GroupVersion.String(), Kind: "IPClaim", Name: claim.Name, UID: claim.UID}},
+			},
+			Spec: ipamv1.IPAddressSpec{
+				Address: ip,
+				Pool:    corev1.ObjectReference{Name: fixtures.ProvisioningPool, Namespace: ns},
+				Claim:   corev1.ObjectReference{Name: claim.Name, Namespace: ns},
+			},
+		}
+		if err := cp.Client.Create(ctx, address); err != nil {
+			t.Fatal(err)
+		}
+		addresses = append(addresses, address)
+	}
+	claim.Status.Address = &corev1.ObjectReference{Name: addresses[0].Name, Namespace: ns}
+	if err := cp.Client.Status().Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, a := range addresses {
+			_ = cp.Client.Patch(ctx, a, finalizers(nil))
+		}
+		_ = cp.Client.Patch(ctx, claim, finalizers(nil))
+	})
+	return addresses
+}

@@ -1,0 +1,126 @@
+package handover
+
+import (
+	"context"
+	"time"
+
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+)
+
+// claimUIDIndex indexes Metal3 IPAddresses by the UID of the IPClaim they were made for.
+const claimUIDIndex = "ip-preallocator.metal3.io/claim-uid"
+
+// surplusAge is how old every IPAddress of a claim must be before one the claim's status does not
+// name counts as surplus: the IPAM writes a claim's status right after it creates its IPAddress,
+// so by then each pass that allocated for the claim has written its answer, and the last one
+// stands.
+const surplusAge = 10 * time.Second
+
+// Surplus releases what the Metal3 IPAM allocated twice for one IPClaim the webhook created. Its
+// two IPPool controllers each work through a pool from their own list of claims; when those lists
+// differ (a pool with claims coming and going), both allocate for the same claim, and the claim's
+// status names only the last. The other IPAddress holds its address for as long as the claim
+// lives, and once the claim is deleted, the IPAM, which frees by claim name, frees only one of
+// them: the other stays for ever, with its finalizer keeping its namespace. It runs on the leader.
+type Surplus struct {
+	// Client reads the metadata of IPAddresses from the cache, where they are indexed by claim.
+	Client client.Client
+	// APIReader reads the claim's status and managedFields, live.
+	APIReader client.Reader
+}
+
+// SetupWithManager indexes the IPAddresses and registers the controller.
+func (s *Surplus) SetupWithManager(ctx context.Context, mgr ctrl.Manager, concurrency int) error {
+	address := allocation.Metadata(allocation.Metal3AddressGVK)
+	if err := mgr.GetFieldIndexer().IndexField(ctx, address, claimUIDIndex, func(o client.Object) []string {
+		if uid := allocation.AddressClaimUID(o); uid != "" {
+			return []string{string(uid)}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("surplus-addresses").
+		For(address).
+		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
+		Complete(s)
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (s *Surplus) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	address := allocation.Metadata(allocation.Metal3AddressGVK)
+	if err := s.Client.Get(ctx, req.NamespacedName, address); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	uid := allocation.AddressClaimUID(address)
+	if uid == "" || !address.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(allocation.Metal3AddressListGVK)
+	if err := s.Client.List(ctx, list, client.InNamespace(req.Namespace), client.MatchingFields{claimUIDIndex: string(uid)}); err != nil {
+		return ctrl.Result{}, err
+	}
+	var addresses []metav1.PartialObjectMetadata
+	var youngest time.Time
+	for _, a := range list.Items {
+		if a.DeletionTimestamp.IsZero() {
+			addresses = append(addresses, a)
+			youngest = maxTime(youngest, a.CreationTimestamp.Time)
+		}
+	}
+	if len(addresses) < 2 {
+		return ctrl.Result{}, nil
+	}
+	if wait := surplusAge - time.Since(youngest); wait > 0 {
+		return ctrl.Result{RequeueAfter: min(wait, surplusAge)}, nil
+	}
+	claimName := ""
+	for _, ref := range address.OwnerReferences {
+		if ref.UID == uid {
+			claimName = ref.Name
+		}
+	}
+	claim := &ipamv1.IPClaim{}
+	err := s.APIReader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: claimName}, claim)
+	if apierrors.IsNotFound(err) || err == nil && (claim.UID != uid || !allocation.CreatedHere(claim)) {
+		return ctrl.Result{}, nil
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if claim.Status.Address == nil {
+		// The IPAM has not written its answer yet; its write is an event of no IPAddress.
+		return ctrl.Result{RequeueAfter: surplusAge}, nil
+	}
+	logger := log.FromContext(ctx).WithValues("IPClaim", klog.KObj(claim))
+	for i := range addresses {
+		if addresses[i].Name == claim.Status.Address.Name {
+			continue
+		}
+		logger.Info("Releasing an IPAddress the IPAM allocated twice for a claim, which the claim's status does not name",
+			"IPAddress", klog.KObj(&addresses[i]), "kept", claim.Status.Address.Name)
+		if err := allocation.ReleaseAddress(ctx, s.Client, &addresses[i]); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
