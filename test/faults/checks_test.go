@@ -2,8 +2,11 @@ package faults
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
@@ -12,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/metal3-community/ip-preallocator/test/harness"
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
 
@@ -244,5 +248,38 @@ func TestCheckFailuresAgainstStock(t *testing.T) {
 	}
 	if got := r.failuresAgainstStock("kills"); len(got) != 1 || !strings.Contains(got[0], "no baseline") {
 		t.Errorf("kills without its baseline: got %q", got)
+	}
+}
+
+// TestCheckReportOpensWithWhatItMeans: the page opens with the verdict and the webhook's counts
+// beside stock's, then the known problems, then the method.
+func TestCheckReportOpensWithWhatItMeans(t *testing.T) {
+	saved := cp
+	defer func() { cp = saved }()
+	cp = &harness.ControlPlane{Root: t.TempDir()}
+	r := &suiteReport{started: time.Now(), results: []*scenarioResult{
+		{name: "namespaces", trials: 1, admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 1}},
+			perTrial: []trialCounts{{stored: 100, counts: map[string]int64{invOrphanAddress: 1}}}},
+		{name: "namespaces-stock", control: true, trials: 1, admitted: 90, counts: []namedCount{{name: invOrphanAddress, n: 4}},
+			perTrial: []trialCounts{{stored: 90, counts: map[string]int64{invOrphanAddress: 4}}}},
+	}}
+	path := filepath.Join(t.TempDir(), "reliability.md")
+	if err := r.write(path, sizes{name: "quick"}, true); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(data)
+	order := []string{"## What it means", "| with the webhook (every scenario) | 100 | 0 | 0 | 1 | 0 | 0 |",
+		"| stock CAPM3 and IPAM alone (the baselines) | 90 | 0 | 0 | 4 | 0 | 0 |", "## Known problems", "## How it was measured", "## namespaces"}
+	at := 0
+	for _, want := range order {
+		i := strings.Index(page[at:], want)
+		if i < 0 {
+			t.Fatalf("%q missing, or not after %q:\n%s", want, page[:at], page)
+		}
+		at += i
 	}
 }
