@@ -31,17 +31,3 @@ func TestCheckFlags(t *testing.T) {
 		})
 	}
 }
-
-// TestStreamWindowStillParses: a Deployment written for an earlier release, which sets
-// --stream-window, still starts.
-func TestStreamWindowStillParses(t *testing.T) {
-	var o options
-	fs := pflag.NewFlagSet("webhook", pflag.ContinueOnError)
-	o.addFlags(fs)
-	if err := fs.Parse([]string{"--stream-window=250ms"}); err != nil {
-		t.Fatalf("--stream-window: %v", err)
-	}
-	if err := o.checkFlags(); err != nil {
-		t.Fatalf("with --stream-window: %v", err)
-	}
-}

@@ -86,8 +86,6 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.claimWait, "claim-wait", 50*time.Millisecond,
 		"How long admission waits for its claims' create requests to be sent (the client rate limit may hold them) before it answers anyway.")
 	// Accepted so that a Deployment that still sets it keeps starting.
-	fs.Duration("stream-window", 0, "Ignored.")
-	_ = fs.MarkDeprecated("stream-window", "admission now always answers once its claims' create requests are sent; the flag is ignored")
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
