@@ -40,7 +40,7 @@ import (
 var (
 	handOversTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_handovers_total",
-		Help: "Preallocated claims handed over to their Metal3Data, by claim kind and by path (admission: by the replica that admitted the Metal3Data; resync: by the take-over on any replica).",
+		Help: "Preallocated claims handed over to their Metal3Data, by claim kind and by path (admission: by the replica that admitted the Metal3Data; takeover: by the take-over on any replica).",
 	}, []string{"kind", "path"})
 	releasesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_releases_total",

@@ -283,7 +283,7 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 				r.ClaimGVK.Kind, klog.KObj(claim))
 			return ctrl.Result{RequeueAfter: wait}, nil
 		}
-		handed, err := handOverAll(ctx, r.Client, r.Recorder, data, refs, claim.Annotations[allocation.AdmissionAnnotation], "resync")
+		handed, err := handOverAll(ctx, r.Client, r.Recorder, data, refs, claim.Annotations[allocation.AdmissionAnnotation], "takeover")
 		if len(handed) > 0 {
 			logger.Info("Handed over claims their admitting replica did not", "claims", allocation.FormatClaims(handed))
 		}
@@ -470,7 +470,7 @@ func (r *Release) handOverUnrecorded(ctx context.Context, claim *metav1.PartialO
 	}
 	log.FromContext(ctx).Info("Handing over a claim its Metal3Data does not record", r.ClaimGVK.Kind, klog.KObj(claim))
 	_, err = handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
-		claim.Annotations[allocation.AdmissionAnnotation], "resync")
+		claim.Annotations[allocation.AdmissionAnnotation], "takeover")
 	return err
 }
 
