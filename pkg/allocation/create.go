@@ -154,7 +154,7 @@ func Usable(ctx context.Context, r client.Reader, dataName string, claim Claim) 
 		return "", err
 	case existing == nil:
 		return claim.Object.GetName(), nil
-	case !IsPreallocatedFor(existing, dataName):
+	case !isPreallocatedFor(existing, dataName):
 		return "", foreign(claim, existing)
 	}
 	return existing.GetName(), nil
@@ -178,9 +178,9 @@ func Metadata(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
 	return m
 }
 
-// IsPreallocatedFor tells whether a claim was preallocated for the Metal3Data named dataName and
+// isPreallocatedFor tells whether a claim was preallocated for the Metal3Data named dataName and
 // is still waiting to be handed over.
-func IsPreallocatedFor(claim metav1.Object, dataName string) bool {
+func isPreallocatedFor(claim metav1.Object, dataName string) bool {
 	return claim.GetAnnotations()[PreallocatedForAnnotation] == dataName &&
 		len(claim.GetOwnerReferences()) == 0 && claim.GetDeletionTimestamp() == nil
 }
@@ -189,7 +189,7 @@ func IsPreallocatedFor(claim metav1.Object, dataName string) bool {
 // sent is called once the reclaim's patch is on the wire, as a create's.
 func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Object, dataName, token string, sent func()) Result {
 	name := existing.GetName()
-	if !IsPreallocatedFor(existing, dataName) {
+	if !isPreallocatedFor(existing, dataName) {
 		return Result{Claim: claim, Name: name, Outcome: Foreign, Err: foreign(claim, existing)}
 	}
 	// The IPAM writes the claim too; a reclaim that lost that race reads it again.
@@ -210,7 +210,7 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 			foreign = !ours
 			return nil
 		}
-		if !IsPreallocatedFor(full, dataName) || !equality.Semantic.DeepEqual(specOf(full), specOf(claim.Object)) {
+		if !isPreallocatedFor(full, dataName) || !equality.Semantic.DeepEqual(specOf(full), specOf(claim.Object)) {
 			foreign = true
 			return nil
 		}

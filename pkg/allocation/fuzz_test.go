@@ -16,7 +16,7 @@ func FuzzParseClaims(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(refs) > MaxRecordedClaims {
+		if len(refs) > maxRecordedClaims {
 			t.Fatalf("%d refs", len(refs))
 		}
 		for i, r := range refs {

@@ -22,9 +22,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// MaxRecordedClaims bounds what is read from a ClaimsAnnotation: a person can write it, and a
+// maxRecordedClaims bounds what is read from a ClaimsAnnotation: a person can write it, and a
 // template references a handful of pools.
-const MaxRecordedClaims = 64
+const maxRecordedClaims = 64
 
 // ClaimRef names a claim recorded in ClaimsAnnotation, in the Metal3Data's namespace.
 type ClaimRef struct {
@@ -55,7 +55,7 @@ func FormatClaims(refs []ClaimRef) string {
 }
 
 // ParseClaims reads ClaimsAnnotation. Names must be object names, so a ref can only address a
-// claim in the Metal3Data's own namespace; duplicates are dropped and at most MaxRecordedClaims
+// claim in the Metal3Data's own namespace; duplicates are dropped and at most maxRecordedClaims
 // are accepted.
 func ParseClaims(value string) ([]ClaimRef, error) {
 	if value == "" {
@@ -71,8 +71,8 @@ func ParseClaims(value string) ([]ClaimRef, error) {
 		if slices.Contains(refs, ref) {
 			continue
 		}
-		if len(refs) == MaxRecordedClaims {
-			return nil, fmt.Errorf("annotation %s: more than %d claims", ClaimsAnnotation, MaxRecordedClaims)
+		if len(refs) == maxRecordedClaims {
+			return nil, fmt.Errorf("annotation %s: more than %d claims", ClaimsAnnotation, maxRecordedClaims)
 		}
 		refs = append(refs, ref)
 	}

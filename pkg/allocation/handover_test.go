@@ -299,8 +299,8 @@ func TestFinish(t *testing.T) {
 }
 
 func TestParseClaims(t *testing.T) {
-	many := strings.TrimSuffix(strings.Repeat("IPClaim/a,", MaxRecordedClaims+5), ",")
-	tooMany := make([]string, MaxRecordedClaims+1)
+	many := strings.TrimSuffix(strings.Repeat("IPClaim/a,", maxRecordedClaims+5), ",")
+	tooMany := make([]string, maxRecordedClaims+1)
 	for i := range tooMany {
 		tooMany[i] = "IPClaim/c" + strings.Repeat("x", i)
 	}

@@ -22,16 +22,16 @@ const (
 	// Metal3PoolKind is the kind CAPM3 defaults a pool reference to.
 	Metal3PoolKind = "IPPool"
 
-	// ObjectMachine is how a fromPoolAnnotation names the CAPI Machine (compared case-insensitively, as CAPM3 does).
-	ObjectMachine = "machine"
-	// ObjectMetal3Machine is how a fromPoolAnnotation names the Metal3Machine.
-	ObjectMetal3Machine = "metal3machine"
-	// ObjectBareMetalHost is how a fromPoolAnnotation names the BareMetalHost.
-	ObjectBareMetalHost = "baremetalhost"
+	// objectMachine is how a fromPoolAnnotation names the CAPI Machine (compared case-insensitively, as CAPM3 does).
+	objectMachine = "machine"
+	// objectMetal3Machine is how a fromPoolAnnotation names the Metal3Machine.
+	objectMetal3Machine = "metal3machine"
+	// objectBareMetalHost is how a fromPoolAnnotation names the BareMetalHost.
+	objectBareMetalHost = "baremetalhost"
 )
 
-// ErrConflictingPoolTypes is CAPM3's reconcile-time error for a pool name used with two group/kinds.
-var ErrConflictingPoolTypes = errors.New("multiple references with the same name but different resource types")
+// errConflictingPoolTypes is CAPM3's reconcile-time error for a pool name used with two group/kinds.
+var errConflictingPoolTypes = errors.New("multiple references with the same name but different resource types")
 
 // PoolRef is a pool reference with CAPM3's defaults applied.
 type PoolRef struct {
@@ -195,13 +195,13 @@ type Machine struct {
 }
 
 // AnnotationObjects are the objects a fromPoolAnnotation may name.
-var AnnotationObjects = []string{ObjectMachine, ObjectMetal3Machine, ObjectBareMetalHost}
+var AnnotationObjects = []string{objectMachine, objectMetal3Machine, objectBareMetalHost}
 
 // annotationObjects mirrors the switch of CAPM3's getValueFromAnnotation.
 var annotationObjects = map[string]func(Machine) metav1.Object{
-	ObjectMachine:       func(m Machine) metav1.Object { return m.Machine },
-	ObjectMetal3Machine: func(m Machine) metav1.Object { return m.Metal3Machine },
-	ObjectBareMetalHost: func(m Machine) metav1.Object { return m.BareMetalHost },
+	objectMachine:       func(m Machine) metav1.Object { return m.Machine },
+	objectMetal3Machine: func(m Machine) metav1.Object { return m.Metal3Machine },
+	objectBareMetalHost: func(m Machine) metav1.Object { return m.BareMetalHost },
 }
 
 // UnknownObjectError is a fromPoolAnnotation whose object is none of AnnotationObjects: CAPM3
@@ -257,7 +257,7 @@ func Defaulted(ref infrav1.IPPoolReference) PoolRef {
 	return pool
 }
 
-// PoolConflictError is CAPM3's ErrConflictingPoolTypes with the places it comes from: Pool, at
+// PoolConflictError is CAPM3's errConflictingPoolTypes with the places it comes from: Pool, at
 // Path, has the name of First, referenced earlier at FirstPath, with another group or kind.
 type PoolConflictError struct {
 	Path      *field.Path
@@ -267,11 +267,11 @@ type PoolConflictError struct {
 }
 
 func (e *PoolConflictError) Error() string {
-	return fmt.Sprintf("%s: pool %q: %v (%s/%s and %s/%s at %s)", e.Path, e.Pool.Name, ErrConflictingPoolTypes,
+	return fmt.Sprintf("%s: pool %q: %v (%s/%s and %s/%s at %s)", e.Path, e.Pool.Name, errConflictingPoolTypes,
 		e.Pool.APIGroup, e.Pool.Kind, e.First.APIGroup, e.First.Kind, e.FirstPath)
 }
 
-func (e *PoolConflictError) Unwrap() error { return ErrConflictingPoolTypes }
+func (e *PoolConflictError) Unwrap() error { return errConflictingPoolTypes }
 
 // Pool is a pool a template references, and where it is referenced first.
 type Pool struct {

@@ -62,7 +62,7 @@ func FuzzResolve(f *testing.F) {
 			}
 			for _, err := range errs {
 				var conflict *PoolConflictError
-				if errors.As(err, &conflict) && (!errors.Is(err, ErrConflictingPoolTypes) ||
+				if errors.As(err, &conflict) && (!errors.Is(err, errConflictingPoolTypes) ||
 					conflict.Pool.Name != conflict.First.Name || conflict.Pool == conflict.First) {
 					t.Fatalf("conflict %+v", conflict)
 				}

@@ -199,7 +199,7 @@ func TestConflictIsErrConflictingPoolTypes(t *testing.T) {
 		{IPAddressFromIPPool: "p"}, {FromPoolRef: infrav1.IPPoolReference{Name: "p", Kind: "Other"}},
 	}})
 	_, err := ReferencedPools(tmpl, Machine{})
-	if !errors.Is(err, ErrConflictingPoolTypes) {
+	if !errors.Is(err, errConflictingPoolTypes) {
 		t.Fatalf("error = %v", err)
 	}
 	var conflict *PoolConflictError
