@@ -77,8 +77,8 @@ type claimKey struct {
 }
 
 // ipamBehind is how long the IPAM may take to answer a claim before it counts as behind: well
-// above its answer time when it keeps up (tens of milliseconds on a shared two-core machine) and
-// below the lag of a burst it is behind on (seconds).
+// above its answer time when it keeps up (tens of milliseconds) and below the lag of a burst it
+// is behind on (seconds).
 const ipamBehind = 250 * time.Millisecond
 
 // ipamGivenUp is how long an unanswered claim counts toward the IPAM being behind: seconds of

@@ -88,7 +88,7 @@ func init() {
 // reconcile that comes before the hand-over costs what it costs without the wait. When the IPAM
 // keeps up, the claims are handed over at once: CAPM3's first reconcile reads them tens of
 // milliseconds after the Metal3Data is stored, and whether it then needs another depends on the
-// IPAM having answered by then (docs/benchmarks.md; see Admissions.IPAMWait).
+// IPAM having answered by then (see Admissions.IPAMWait).
 type HandOver struct {
 	Client   client.Client
 	Recorder events.EventRecorder
@@ -288,7 +288,7 @@ func handOverAll(ctx context.Context, c client.Client, recorder events.EventReco
 	slices.SortFunc(handed, func(a, b allocation.ClaimRef) int { return strings.Compare(a.String(), b.String()) })
 	if len(handed) > 0 {
 		// A log line, not an Event: every API write per Metal3Data costs CAPM3's template loop
-		// where the API server is the bottleneck (docs/benchmarks.md); failures are Events.
+		// where the API server is the bottleneck; failures are Events.
 		logger.V(1).Info("Handed over preallocated claims", "claims", allocation.FormatClaims(handed))
 	}
 	if len(errs) > 0 {
