@@ -174,7 +174,10 @@ func Release(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMe
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return false, nil
 	}
-	return err == nil, err
+	if err != nil {
+		return false, fmt.Errorf("deleting %s %s/%s: %w", claim.Kind, claim.Namespace, claim.Name, err)
+	}
+	return true, nil
 }
 
 // Finish removes CAPM3's finalizer from a waiting claim that is being deleted, as CAPM3 does for
@@ -195,7 +198,10 @@ func Finish(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMet
 	if IsTestFailure(err) || apierrors.IsNotFound(err) {
 		return false, nil
 	}
-	return err == nil, err
+	if err != nil {
+		return false, fmt.Errorf("removing CAPM3's finalizer from %s %s/%s: %w", claim.Kind, claim.Namespace, claim.Name, err)
+	}
+	return true, nil
 }
 
 // FinishOrphan removes CAPM3's finalizer from a claim that is being deleted while its Metal3Data,
@@ -218,7 +224,10 @@ func FinishOrphan(ctx context.Context, c client.Writer, claim *metav1.PartialObj
 	if IsTestFailure(err) || apierrors.IsNotFound(err) {
 		return false, nil
 	}
-	return err == nil, err
+	if err != nil {
+		return false, fmt.Errorf("removing CAPM3's finalizer from orphaned %s %s/%s: %w", claim.Kind, claim.Namespace, claim.Name, err)
+	}
+	return true, nil
 }
 
 // Reclaim marks a waiting claim as claimed by a new admission, token, for the Metal3DataClaim

@@ -2,6 +2,7 @@ package handover
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -256,7 +257,7 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
 	if err != nil && !apierrors.IsNotFound(err) {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, fmt.Errorf("reading the Metal3Data %s/%s a claim waits for: %w", claim.Namespace, dataName, err)
 	}
 	stored := err == nil && data.DeletionTimestamp.IsZero()
 	switch {
@@ -411,7 +412,7 @@ func (r *Release) dataClaimWaits(ctx context.Context, claim *metav1.PartialObjec
 		return false, nil
 	}
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("reading Metal3DataClaim %s/%s: %w", claim.Namespace, name, err)
 	}
 	return dataClaim.DeletionTimestamp.IsZero() && dataClaim.Status.RenderedData == nil, nil
 }
@@ -435,7 +436,7 @@ func (r *Release) finishOrphan(ctx context.Context, claim *metav1.PartialObjectM
 		return ctrl.Result{RequeueAfter: orphanRecheck}, nil
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, fmt.Errorf("reading Metal3Data %s/%s, owner of a claim being deleted: %w", claim.Namespace, owner.Name, err)
 	}
 	log.FromContext(ctx).Info("Removing CAPM3's finalizer from a claim whose Metal3Data is gone", r.ClaimGVK.Kind, klog.KObj(claim),
 		"Metal3Data", klog.KRef(claim.Namespace, owner.Name))
@@ -466,7 +467,7 @@ func (r *Release) handOverUnrecorded(ctx context.Context, claim *metav1.PartialO
 		return nil
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("reading Metal3Data %s/%s to hand a claim over: %w", claim.Namespace, dataName, err)
 	}
 	log.FromContext(ctx).Info("Handing over a claim its Metal3Data does not record", r.ClaimGVK.Kind, klog.KObj(claim))
 	_, err = handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
@@ -484,11 +485,14 @@ func (r *Release) release(ctx context.Context, key types.NamespacedName, dataNam
 		// The cache is behind: the Metal3Data's create event brings the claim back.
 		return nil
 	case err != nil && !apierrors.IsNotFound(err):
-		return err
+		return fmt.Errorf("reading Metal3Data %s/%s before releasing its claim: %w", key.Namespace, dataName, err)
 	}
 	claim := allocation.Metadata(r.ClaimGVK)
 	if err := r.APIReader.Get(ctx, key, claim); err != nil {
-		return client.IgnoreNotFound(err)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("reading %s %s before releasing it: %w", r.ClaimGVK.Kind, key, err)
 	}
 	if name, ok := waitingFor(claim); !ok || name != dataName {
 		return nil
