@@ -227,95 +227,93 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	dataName, ok := waitingFor(claim)
-	if !ok {
+	p := phaseOf(claim)
+	if p == owned || p == orphaned {
 		r.forget(req.NamespacedName)
-		if owner := orphanOwner(claim); owner != nil && !r.TakeOver {
-			return r.finishOrphan(ctx, claim, owner)
-		}
-		return ctrl.Result{}, nil
 	}
+	switch {
+	case p == waiting:
+		return r.reconcileWaiting(ctx, req.NamespacedName, claim)
+	case r.TakeOver || p == owned:
+		// Only the leader removes finalizers.
+		return ctrl.Result{}, nil
+	case p == orphaned:
+		return r.finishOrphan(ctx, claim, orphanOwner(claim))
+	}
+	return r.finishDeleted(ctx, claim)
+}
+
+// reconcileWaiting gathers the facts decideWaiting needs and carries out its decision.
+func (r *Release) reconcileWaiting(ctx context.Context, key types.NamespacedName, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
+	dataName, _ := waitingFor(claim)
 	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(claim.Namespace, dataName))
 	ctx = log.IntoContext(ctx, logger)
-	if !claim.DeletionTimestamp.IsZero() {
-		if r.TakeOver {
-			return ctrl.Result{}, nil
-		}
-		// With the IPAM's finalizer on it, the IPAM frees the address once ours is gone (the Metal3
-		// IPAM deletes an IPAddress only when its own is the claim's last finalizer). Without, our
-		// finalizer keeps the claim, and its name, until no IPAddress the IPAM may still make for it
-		// can stray.
-		if wait, err := r.releaseStrays(ctx, claim); wait > 0 || err != nil {
-			return ctrl.Result{RequeueAfter: wait}, err
-		}
-		logger.Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
-		_, err := allocation.Finish(ctx, r.Client, claim)
-		return ctrl.Result{}, err
-	}
-	age := r.age(req.NamespacedName, claim)
-
+	f := waitingFacts{takeOver: r.TakeOver, age: r.age(key, claim), ipamHandled: ipamHandled(claim)}
 	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, fmt.Errorf("reading the Metal3Data %s/%s a claim waits for: %w", claim.Namespace, dataName, err)
 	}
-	stored := err == nil && data.DeletionTimestamp.IsZero()
-	switch {
-	case stored && !r.TakeOver:
-		// Handed over by a TakeOver instance; look again in case the Metal3Data goes first.
-		return ctrl.Result{RequeueAfter: r.GracePeriod}, nil
-	case stored && !r.recordedOn(data, claim):
-		return ctrl.Result{}, r.handOverUnrecorded(ctx, claim, dataName)
-	case stored && r.Admissions != nil && r.Admissions.Pending(types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data.Annotations):
-		// Admitted by this replica, which lives: its HandOver hands the claims over together once
-		// the IPAM has answered them all. Look again: once the admission is forgotten (after
-		// --release-grace-period), this instance hands them over.
-		return ctrl.Result{RequeueAfter: max(r.HandOverDelay, time.Second)}, nil
-	case stored:
-		if wait := r.HandOverDelay - age; wait > 0 {
-			return ctrl.Result{RequeueAfter: wait}, nil
-		}
-		// All the claims the Metal3Data records at once, as the admitting replica would: handed
-		// over one by one as each is answered, each would wake CAPM3 to find the others unusable.
-		// (recordedOn has parsed the record.)
-		refs, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
-		if wait := r.holdForAnswers(ctx, req.NamespacedName, claim.Namespace, refs, age); wait > 0 {
-			logger.V(1).Info("Leaving a claim whose Metal3Data's claims the IPAM has not all answered to its admitting replica",
-				r.ClaimGVK.Kind, klog.KObj(claim))
-			return ctrl.Result{RequeueAfter: wait}, nil
-		}
-		handed, err := handOverAll(ctx, r.Client, r.Recorder, data, refs, claim.Annotations[allocation.AdmissionAnnotation], "takeover")
-		if len(handed) > 0 {
-			logger.Info("Handed over claims their admitting replica did not", "claims", allocation.FormatClaims(handed))
-		}
-		return ctrl.Result{}, err
-	case r.TakeOver:
-		return ctrl.Result{}, nil
+	f.stored = err == nil && data.DeletionTimestamp.IsZero()
+	if f.stored && r.TakeOver {
+		f.recorded = r.recordedOn(data, claim)
+		f.admittedHere = r.Admissions != nil && r.Admissions.Pending(types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data.Annotations)
 	}
-
-	if wait := r.GracePeriod - age; wait > 0 {
-		return ctrl.Result{RequeueAfter: wait}, nil
-	}
-	if hold := r.GracePeriod + r.HoldLimit - age; hold > 0 {
-		// The IPAM's answer is an event of the claim; this is the bound.
-		if !ipamHandled(claim) {
-			logger.V(1).Info("Keeping a claim the IPAM has not answered yet", r.ClaimGVK.Kind, klog.KObj(claim))
-			return ctrl.Result{RequeueAfter: hold}, nil
-		}
+	t := timings{grace: r.GracePeriod, hold: r.HoldLimit, handOverDelay: r.HandOverDelay}
+	d := decideWaiting(f, t)
+	if d.action == readDataClaim {
 		waits, err := r.dataClaimWaits(ctx, claim)
 		if err != nil {
 			// Not an error to back off from: that could keep the claim past the hold limit.
 			logger.Error(err, "Cannot read the Metal3DataClaim of a waiting claim", r.ClaimGVK.Kind, klog.KObj(claim))
-			return ctrl.Result{RequeueAfter: min(hold, r.GracePeriod)}, nil
+			return ctrl.Result{RequeueAfter: min(t.grace+t.hold-f.age, t.grace)}, nil
 		}
-		if waits {
-			logger.V(1).Info("Keeping a claim whose Metal3DataClaim still waits for data", r.ClaimGVK.Kind, klog.KObj(claim),
-				"Metal3DataClaim", klog.KRef(claim.Namespace, claim.Annotations[allocation.DataClaimAnnotation]))
-			// Its Metal3DataClaim's change or deletion is an event too; this is the bound.
-			return ctrl.Result{RequeueAfter: hold}, nil
-		}
+		f.dataClaimWaits = &waits
+		d = decideWaiting(f, t)
 	}
-	return ctrl.Result{}, r.release(ctx, req.NamespacedName, dataName)
+	switch d.action {
+	case handOverUnrecorded:
+		return ctrl.Result{}, r.handOverUnrecorded(ctx, claim, dataName)
+	case handOverRecorded:
+		return r.handOverRecorded(ctx, key, claim, data, f.age)
+	case release:
+		return ctrl.Result{}, r.release(ctx, key, dataName)
+	}
+	if d.why != "" {
+		logger.V(1).Info(d.why, r.ClaimGVK.Kind, klog.KObj(claim))
+	}
+	return ctrl.Result{RequeueAfter: d.after}, nil
+}
+
+// finishDeleted removes CAPM3's finalizer from a waiting claim someone deleted. With the IPAM's
+// finalizer on it, the IPAM frees the address once ours is gone (the Metal3 IPAM deletes an
+// IPAddress only when its own is the claim's last finalizer). Without, ours keeps the claim, and
+// its name, until no IPAddress the IPAM may still make for it can stray.
+func (r *Release) finishDeleted(ctx context.Context, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
+	if wait, err := r.releaseStrays(ctx, claim); wait > 0 || err != nil {
+		return ctrl.Result{RequeueAfter: wait}, err
+	}
+	log.FromContext(ctx).Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
+	_, err := allocation.Finish(ctx, r.Client, claim)
+	return ctrl.Result{}, err
+}
+
+// handOverRecorded hands over all the claims the stored Metal3Data records at once, as the
+// admitting replica would: handed over one by one as each is answered, each would wake CAPM3 to
+// find the others unusable. It waits for the IPAM's answers first (see holdForAnswers).
+func (r *Release) handOverRecorded(ctx context.Context, key types.NamespacedName, claim, data *metav1.PartialObjectMetadata, age time.Duration) (ctrl.Result, error) {
+	logger := log.FromContext(ctx)
+	refs, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
+	if wait := r.holdForAnswers(ctx, key, claim.Namespace, refs, age); wait > 0 {
+		logger.V(1).Info("Leaving a claim whose Metal3Data's claims the IPAM has not all answered to its admitting replica",
+			r.ClaimGVK.Kind, klog.KObj(claim))
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	handed, err := handOverAll(ctx, r.Client, r.Recorder, data, refs, claim.Annotations[allocation.AdmissionAnnotation], "takeover")
+	if len(handed) > 0 {
+		logger.Info("Handed over claims their admitting replica did not", "claims", allocation.FormatClaims(handed))
+	}
+	return ctrl.Result{}, err
 }
 
 // strayWait is how long after its deletion a waiting claim the Metal3 IPAM never finalized is
