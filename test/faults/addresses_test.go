@@ -79,6 +79,8 @@ func addressViolations(ns string, s *namespaceState, claims map[string]*claim, o
 		holders[key][uid] = true
 	}
 	byName := map[string]address{}
+	// One address given to two claims is one double allocation, however many ways it shows.
+	counted := map[string]bool{}
 	for _, a := range list {
 		byName[a.kind+"/"+a.name] = a
 		if cl, ok := live[a.claimUID]; !ok || a.claimUID == "" || cl.kind != a.claimKind {
@@ -97,7 +99,8 @@ func addressViolations(ns string, s *namespaceState, claims map[string]*claim, o
 			continue
 		}
 		hold(a.key, cl.obj.GetUID())
-		if a.claimUID != "" && a.claimUID != cl.obj.GetUID() {
+		if a.claimUID != "" && a.claimUID != cl.obj.GetUID() && !counted[a.key] {
+			counted[a.key] = true
 			double.add("%s: %s %s (uid %s) has address %s (%s), which is held for %s (uid %s)",
 				ns, cl.kind, cl.obj.GetName(), cl.obj.GetUID(), a.name, a.ip, a.claimName, a.claimUID)
 		}
@@ -109,13 +112,15 @@ func addressViolations(ns string, s *namespaceState, claims map[string]*claim, o
 		}
 	}
 	for _, key := range sortedKeys(holders) {
-		if uids := holders[key]; len(uids) > 1 {
+		if uids := holders[key]; len(uids) > 1 && !counted[key] {
+			counted[key] = true
 			double.add("%s: %s is held for claims %v", ns, key, describeUIDs(uids, live))
 		}
 	}
 	rendered := renderedBy(s)
 	for _, a := range list {
-		if datas := rendered[a.ip]; len(datas) > 1 {
+		if datas := rendered[a.ip]; len(datas) > 1 && !counted[a.key] {
+			counted[a.key] = true
 			double.add("%s: %s is rendered for Metal3Data %v", ns, a, datas)
 		}
 	}

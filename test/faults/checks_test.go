@@ -94,8 +94,17 @@ func TestCheckAddressViolations(t *testing.T) {
 			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "ua", "172.16.0.10"), testClaim("b-provisioning", "ub", "172.16.0.10")},
 			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua")},
 		},
-		// b's status points at a's IPAddress, and the value is then held for two UIDs.
-		wantDo: 2, wantEvidence: "is held for claims",
+		// b's status points at a's IPAddress: the value is held for two UIDs, counted once.
+		wantDo: 1, wantEvidence: "which is held for a-provisioning",
+	}, {
+		name: "one address in the status of two claims, rendered for both",
+		state: namespaceState{
+			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "ua", "172.16.0.10"), testClaim("b-provisioning", "ub", "172.16.0.10")},
+			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua")},
+			datas:       []infrav1.Metal3Data{testData("a", "ma"), testData("b", "mb")},
+			secrets:     map[string]corev1.Secret{"ma-networkdata": rendered("172.16.0.10"), "mb-networkdata": rendered("172.16.0.10")},
+		},
+		wantDo: 1, wantEvidence: "which is held for a-provisioning",
 	}, {
 		name: "one address rendered for two Metal3Data",
 		state: namespaceState{
