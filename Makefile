@@ -87,7 +87,7 @@ bench: tools ## Measure preallocated against stock CAPM3; writes bench/results/ 
 	cd test && go run ./bench $(BENCH_ARGS)
 
 .PHONY: faults
-faults: tools ## Run the fault suite at full size, five trials of each scenario and its baseline (about an hour); writes docs/reliability.md.
+faults: tools ## Run the fault suite at full size, five trials of each scenario and its baseline (about two hours on 2 cores); writes docs/reliability.md.
 	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md go test -count=1 -v -timeout 180m ./faults
 
 .PHONY: faults-corrected-ipam

@@ -19,8 +19,9 @@ import (
 // longer take the finalizer (the API server refuses new finalizers on an object being deleted),
 // and the IPAM, which frees an address only from a deleted claim that carries no finalizer but
 // its own, never frees that IPAddress: it keeps the address, and its finalizer its namespace.
-// While CAPM3's finalizer keeps such a claim, the IPAddress can still be released the way the
-// IPAM would release it.
+// Its two IPPool controllers can also both allocate for one claim, and it frees only one IPAddress
+// per claim, by name. While CAPM3's finalizer keeps such a claim, its IPAddresses can still be
+// released the way the IPAM would release them.
 
 // Metal3AddressGVK and Metal3AddressListGVK are the Metal3 IPAM's IPAddress.
 var (
@@ -51,9 +52,8 @@ func CreatedHere(claim metav1.Object) bool {
 	})
 }
 
-// StrayAddresses lists, live, the Metal3 IPAM's IPAddresses made for claim, an IPClaim being
-// deleted that the IPAM never finalized.
-func StrayAddresses(ctx context.Context, r client.Reader, claim *metav1.PartialObjectMetadata) ([]metav1.PartialObjectMetadata, error) {
+// ClaimAddresses lists, live, the Metal3 IPAM's IPAddresses made for claim, an IPClaim.
+func ClaimAddresses(ctx context.Context, r client.Reader, claim *metav1.PartialObjectMetadata) ([]metav1.PartialObjectMetadata, error) {
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(Metal3AddressListGVK)
 	if err := r.List(ctx, list, client.InNamespace(claim.Namespace)); err != nil {

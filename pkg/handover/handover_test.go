@@ -575,13 +575,11 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("take-over on a waiting claim being deleted: %v exists=%v", err, exists(never))
 		}
 	})
-	t.Run("with the IPAM's finalizer on it, at once: the IPAM frees the address only after", func(t *testing.T) {
+	t.Run("with the IPAM's finalizer on it, once no pass may allocate for it: the IPAM frees the address only after", func(t *testing.T) {
 		withIPAM := claim("tmpl-0-a", "t1")
 		withIPAM.Finalizers = append(withIPAM.Finalizers, "ipclaim.ipam.metal3.io")
+		withIPAM.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-strayWait)}
 		c := newClient(interceptor.Funcs{}, withIPAM)
-		if err := c.Delete(ctx, claim("tmpl-0-a", "t1")); err != nil {
-			t.Fatal(err)
-		}
 		r := newRelease(c, c, time.Hour, time.Hour)
 		if _, err := r.Reconcile(ctx, req); err != nil {
 			t.Fatal(err)
@@ -597,6 +595,28 @@ func TestRelease(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, deleted, metal3Data("t1", "IPClaim/tmpl-0-a"))
 		if _, err := newRelease(c, c, time.Hour, time.Hour).Reconcile(ctx, req); err != nil || exists(c) {
 			t.Fatalf("err=%v exists=%v", err, exists(c))
+		}
+	})
+	t.Run("a waiting claim being deleted with two IPAddresses: both released, the IPAM would free one", func(t *testing.T) {
+		deleted := claim("tmpl-0-a", "t1")
+		deleted.UID = "claim-uid"
+		deleted.Finalizers = append(deleted.Finalizers, "ipclaim.ipam.metal3.io")
+		deleted.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-strayWait)}
+		var addresses []client.Object
+		for _, name := range []string{"pool-10-0-0-1", "pool-10-0-0-2"} {
+			addresses = append(addresses, &ipamv1.IPAddress{ObjectMeta: metav1.ObjectMeta{
+				Namespace: "ns", Name: name, UID: types.UID(name), Finalizers: []string{ipamv1.IPAddressFinalizer},
+				OwnerReferences: []metav1.OwnerReference{{Kind: "IPClaim", Name: "tmpl-0-a", UID: "claim-uid"}},
+			}})
+		}
+		c := newClient(interceptor.Funcs{}, append(addresses, deleted)...)
+		if res, err := newRelease(c, c, time.Hour, time.Hour).Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || !exists(c) {
+			t.Fatalf("first look: %v %v exists=%v", res, err, exists(c))
+		}
+		for _, a := range addresses {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(a), &ipamv1.IPAddress{}); !apierrors.IsNotFound(err) {
+				t.Errorf("IPAddress %s is still there: %v", a.GetName(), err)
+			}
 		}
 	})
 	t.Run("a waiting claim being deleted, never answered, is kept, and its stray IPAddress released", func(t *testing.T) {

@@ -316,29 +316,32 @@ func (r *Release) handOverRecorded(ctx context.Context, key types.NamespacedName
 	return ctrl.Result{}, err
 }
 
-// strayWait is how long after its deletion a waiting claim the Metal3 IPAM never finalized is
-// kept: long enough for a pass of the pool that listed the claim before the deletion to end.
+// strayWait is how long after its deletion a waiting IPClaim is kept: long enough for a pass of
+// the pool that listed the claim before the deletion to end.
 const strayWait = 10 * time.Second
 
-// releaseStrays releases the IPAddresses the Metal3 IPAM made for a deleted waiting IPClaim it
-// could not finalize (see allocation.StrayAddresses), and returns how much longer the claim is
-// kept for such addresses to appear.
+// releaseStrays releases the IPAddresses of a deleted waiting IPClaim that the Metal3 IPAM will
+// not free (see allocation.ClaimAddresses), and returns how much longer the claim is kept for
+// such addresses to appear. The IPAM frees one IPAddress per claim, by claim name, and only from
+// a claim it finalized: every address of a claim it never finalized strays, and so does one of
+// two its pool controllers both allocated for the claim, which only it can free. Released here,
+// all of them, the IPAM finds none left to free.
 func (r *Release) releaseStrays(ctx context.Context, claim *metav1.PartialObjectMetadata) (time.Duration, error) {
-	if r.ClaimGVK.Kind != allocation.KindIPClaim || ipamHandled(claim) {
+	if r.ClaimGVK.Kind != allocation.KindIPClaim {
 		return 0, nil
 	}
-	strays, err := allocation.StrayAddresses(ctx, r.APIReader, claim)
+	addresses, err := allocation.ClaimAddresses(ctx, r.APIReader, claim)
 	if err != nil {
 		return 0, err
 	}
-	for i := range strays {
-		log.FromContext(ctx).Info("Releasing an IPAddress the IPAM made for a waiting claim it could not finalize",
-			r.ClaimGVK.Kind, klog.KObj(claim), "IPAddress", klog.KObj(&strays[i]))
-		if err := allocation.ReleaseAddress(ctx, r.Client, &strays[i]); err != nil {
-			return 0, err
+	if len(addresses) > 1 || len(addresses) == 1 && !ipamHandled(claim) {
+		for i := range addresses {
+			log.FromContext(ctx).Info("Releasing an IPAddress of a deleted waiting claim that the IPAM would not free",
+				r.ClaimGVK.Kind, klog.KObj(claim), "IPAddress", klog.KObj(&addresses[i]), "addresses", len(addresses))
+			if err := allocation.ReleaseAddress(ctx, r.Client, &addresses[i]); err != nil {
+				return 0, err
+			}
 		}
-	}
-	if len(strays) > 0 {
 		// Until the released addresses are gone.
 		return time.Second, nil
 	}

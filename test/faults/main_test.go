@@ -193,7 +193,7 @@ func chooseSizes() sizes {
 		leaderIdle:     12,
 	}
 	if os.Getenv("FAULTS_FULL") != "" {
-		// Five trials of each, both modes, in about an hour on two cores.
+		// Five trials of each, both modes: about two hours on two cores.
 		s = sizes{
 			name: "full", trials: 5, perNamespace: 100,
 			killData: 100, kills: 10,
