@@ -175,6 +175,10 @@ type sizes struct {
 	deletedNamespaces, machinesPerNamespace, handDeleted int
 	// apiFaults: Metal3Data streamed while the replicas' API requests meet faults.
 	apiFaultData int
+	// controllerLinkFaults: in api-faults, CAPM3's and the IPAM's requests meet the faults too.
+	// Not at the quick sizes: CAPM3's backoff under failing requests then leaves a share of 30
+	// Metal3Data not Ready at the check that varies too much between two trials to compare.
+	controllerLinkFaults bool
 	// concurrent: Metal3Data created at once.
 	concurrentData int
 	// leader-loss: Metal3Data of the idle reference before the leader's kill, and as many after.
@@ -200,7 +204,7 @@ func chooseSizes() sizes {
 			gateData:      100,
 			recreateNames: 10, recreateRounds: 6,
 			deletedNamespaces: 4, machinesPerNamespace: 12, handDeleted: 24,
-			apiFaultData:   100,
+			apiFaultData: 100, controllerLinkFaults: true,
 			concurrentData: 300,
 			leaderIdle:     20,
 		}

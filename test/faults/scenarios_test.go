@@ -41,7 +41,7 @@ func TestFaults(t *testing.T) {
 	}{
 		{"kills", "SIGKILL of the leader and of the other replica at random moments while Metal3Data are admitted, each restarted after a random pause; once per trial both are killed at once and restarted, and once both are restarted gracefully in turn, as in a rollout.", false, true, runKills},
 		{"leader-loss", "SIGKILL of the leader while a stream of Metal3Data is admitted (its last hand-overs held, so that it dies with Metal3Data admitted and not handed over); it stays down, as when its node dies, until the other replica holds the lease. Time-to-Ready of the Metal3Data the surviving replica admitted during that election window, against an idle reference (one at a time, no fault) measured in the same run; the Metal3Data the dead leader did not hand over must be handed over by the new leader.", false, false, runLeaderLoss},
-		{"api-faults", "CAPM3 and the Metal3 IPAM, and each webhook replica, reach the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from the replicas' start-up to the end of the namespace deletion. In the baseline, CAPM3's and the IPAM's links meet the same faults.", false, true, runAPIFaults},
+		{"api-faults", "CAPM3 and the Metal3 IPAM, and each webhook replica, reach the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from the replicas' start-up to the end of the namespace deletion. At the full sizes CAPM3's and the IPAM's links meet the same faults, in both modes.", false, true, runAPIFaults},
 		{"concurrent", "Metal3Data created all at once, admitted by both replicas; one in twenty has a claim in the InClusterIPPool.", false, true, runConcurrent},
 		{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are.", true, false, runGate},
 		{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, true, runRecreate},
@@ -654,8 +654,9 @@ func waitingClaims(ctx context.Context, ns string) []string {
 	return out
 }
 
-// runAPIFaults faults CAPM3's and the Metal3 IPAM's links to the API server in both modes, and
-// with the webhook each replica's own link too: the baseline is stock under the same faults.
+// runAPIFaults faults CAPM3's and the Metal3 IPAM's links to the API server in both modes (at
+// the full sizes), and with the webhook each replica's own link too: the baseline is stock under
+// the same faults.
 func runAPIFaults(ctx context.Context, sc *scenario) {
 	sc.webhookFaults = true
 	rs := cp.Replicas
@@ -671,8 +672,10 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 		}
 	}
 	countsBefore := controllerLinks.Counts()
-	for _, p := range proxies {
-		p.Set(faults)
+	for i, p := range proxies {
+		if i > 0 || size.controllerLinkFaults {
+			p.Set(faults)
+		}
 	}
 	// The faults last until the namespaces are gone; a trial that ends early takes them away at once.
 	restore := func() {
@@ -736,9 +739,11 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 			after := rs.Counts()
 			sc.figure("replica exits nobody caused (restarted after 1 s): %d", after.Crashes-before.Crashes)
 		}
-		duringDeletion := injected() - atDeletion
-		sc.figure("faults injected while the namespaces were deleted: %d", duringDeletion)
-		sc.extra = append(sc.extra, unfaultedDeletion(duringDeletion))
+		if !sc.control || size.controllerLinkFaults {
+			duringDeletion := injected() - atDeletion
+			sc.figure("faults injected while the namespaces were deleted: %d", duringDeletion)
+			sc.extra = append(sc.extra, unfaultedDeletion(duringDeletion))
+		}
 	}
 	scheduled = true
 }
