@@ -17,8 +17,8 @@ suites=(
   "./demo            45  5m"
   "./bench          345 15m -v"
   "./faults           5  3m -run ^TestCheck"
-  "./faults         350 15m -run TestFaults/^(kills|rejected-after-mutation|leader-loss|api-faults)$"
-  "./integration    170 10m -v"
+  "./faults         390 15m -run TestFaults/^(kills|rejected-after-mutation|leader-loss|api-faults)$"
+  "./integration    215 10m -v"
   "./ipamrace        40  5m -v"
 )
 
