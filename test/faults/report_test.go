@@ -168,7 +168,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	wall := time.Since(r.started)
 	p("# Reliability: the fault suite")
 	p("")
-	p("Written by `make faults` (the %s sizes of `test/faults`, %d trials of each scenario) on %s, from the figures", s.name, s.trials, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	p("Written by `make faults` (the %s sizes of `test/faults`; trials of each scenario: %d) on %s, from the figures", s.name, s.trials, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	p("that run measured; nothing here is typed by hand.")
 	p("")
 	if correctedIPAM() {
