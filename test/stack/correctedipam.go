@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -13,9 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 )
 
 // The corrected IPAM is a test double, never shipped: the Metal3 IPAM v1.13.2's own code, run with
@@ -28,7 +31,10 @@ import (
 //     They are read live, and one controller serialises a pool's passes;
 //   - the IPAddress is created before the claim's finalizer is saved: a claim deleted in between
 //     can no longer take the finalizer, and nobody frees the address. The finalizer is saved
-//     first, on the claim the address names (same UID, not being deleted), or nothing is created.
+//     first, on the claim the address names (same UID, not being deleted), or nothing is created;
+//     and taken off again when the create fails (a namespace being deleted refuses new objects):
+//     the pool counts its IPAddresses, not its claims' finalizers, before it lets itself go, and a
+//     claim keeping a finalizer of a pool that is gone stays Terminating for ever.
 
 // correctedIPAMClient wraps the IPAM's client: uncached reads of what allocation depends on, and
 // the claim's finalizer saved before its IPAddress is created.
@@ -65,34 +71,44 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 			return meta.EachListItem(list, typed)
 		},
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-			if address, ok := obj.(*ipamv1.IPAddress); ok {
-				if err := finalizeClaimFirst(ctx, c, address); err != nil {
-					return err
+			address, ok := obj.(*ipamv1.IPAddress)
+			if !ok {
+				return c.Create(ctx, obj, opts...)
+			}
+			claim, added, err := finalizeClaimFirst(ctx, c, address)
+			if err != nil {
+				return err
+			}
+			err = c.Create(ctx, obj, opts...)
+			if err != nil && added {
+				if undo := unfinalizeClaim(ctx, c, claim); undo != nil {
+					return errors.Join(err, undo)
 				}
 			}
-			return c.Create(ctx, obj, opts...)
+			return err
 		},
 	}), nil
 }
 
 // finalizeClaimFirst saves the IPAM's finalizer on the claim address is for, from a live read, or
-// fails when that claim is gone, replaced or being deleted; the IPAM then retries the pool.
-func finalizeClaimFirst(ctx context.Context, c client.Client, address *ipamv1.IPAddress) error {
+// fails when that claim is gone, replaced or being deleted; the IPAM then retries the pool. It
+// returns the claim and whether the finalizer was added here.
+func finalizeClaimFirst(ctx context.Context, c client.Client, address *ipamv1.IPAddress) (*ipamv1.IPClaim, bool, error) {
 	i := slices.IndexFunc(address.OwnerReferences, func(ref metav1.OwnerReference) bool { return ref.Kind == "IPClaim" })
 	if i < 0 {
-		return fmt.Errorf("IPAddress %s/%s names no IPClaim owner", address.Namespace, address.Name)
+		return nil, false, fmt.Errorf("IPAddress %s/%s names no IPClaim owner", address.Namespace, address.Name)
 	}
 	owner := address.OwnerReferences[i]
 	claim := &ipamv1.IPClaim{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: address.Namespace, Name: owner.Name}, claim); err != nil {
-		return fmt.Errorf("reading IPClaim %s/%s before creating its IPAddress: %w", address.Namespace, owner.Name, err)
+		return nil, false, fmt.Errorf("reading IPClaim %s/%s before creating its IPAddress: %w", address.Namespace, owner.Name, err)
 	}
 	if claim.UID != owner.UID || !claim.DeletionTimestamp.IsZero() {
-		return apierrors.NewConflict(ipamv1.GroupVersion.WithResource("ipclaims").GroupResource(), claim.Name,
+		return nil, false, apierrors.NewConflict(ipamv1.GroupVersion.WithResource("ipclaims").GroupResource(), claim.Name,
 			fmt.Errorf("the IPClaim the address was allocated for is gone or being deleted"))
 	}
 	if slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer) {
-		return nil
+		return claim, false, nil
 	}
 	add := map[string]any{"op": "add", "path": "/metadata/finalizers/-", "value": ipamv1.IPClaimFinalizer}
 	if len(claim.Finalizers) == 0 {
@@ -100,10 +116,27 @@ func finalizeClaimFirst(ctx context.Context, c client.Client, address *ipamv1.IP
 	}
 	ops, err := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/uid", "value": owner.UID}, add})
 	if err != nil {
-		return err
+		return nil, false, err
 	}
 	if err := c.Patch(ctx, claim, client.RawPatch(types.JSONPatchType, ops)); err != nil {
-		return fmt.Errorf("saving the IPAM's finalizer on IPClaim %s/%s before creating its IPAddress: %w", claim.Namespace, claim.Name, err)
+		return nil, false, fmt.Errorf("saving the IPAM's finalizer on IPClaim %s/%s before creating its IPAddress: %w", claim.Namespace, claim.Name, err)
 	}
-	return nil
+	return claim, true, nil
+}
+
+// unfinalizeClaim takes the IPAM's finalizer off claim again, from a live read of the same UID.
+func unfinalizeClaim(ctx context.Context, c client.Client, claim *ipamv1.IPClaim) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		live := &ipamv1.IPClaim{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(claim), live); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if live.UID != claim.UID || !controllerutil.RemoveFinalizer(live, ipamv1.IPClaimFinalizer) {
+			return nil
+		}
+		if err := c.Update(ctx, live); err != nil {
+			return fmt.Errorf("taking the IPAM's finalizer off IPClaim %s/%s, whose IPAddress was not created: %w", live.Namespace, live.Name, err)
+		}
+		return nil
+	})
 }

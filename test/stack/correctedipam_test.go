@@ -1,0 +1,85 @@
+package stack
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+	"github.com/metal3-community/ip-preallocator/test/harness"
+)
+
+// TestCorrectedIPAMFinalizesTheClaimFirst: the double's IPAddress create leaves the claim with the
+// IPAM's finalizer exactly when the address exists. Against a real API server, because what it
+// guards against is the API server's: no new finalizer on an object being deleted, no new object
+// in a namespace being deleted.
+func TestCorrectedIPAMFinalizesTheClaimFirst(t *testing.T) {
+	ctx := context.Background()
+	// No namespace controller: a deleted namespace stays Terminating, its claims with it.
+	cp, err := harness.Start(ctx, harness.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	c, err := correctedIPAMClient(cp.Config, client.Options{Scheme: fixtures.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keep = "metal3data.infrastructure.cluster.x-k8s.io"
+	for _, tc := range []struct {
+		name                       string
+		deleteClaim, deleteNS      bool
+		wantCreated, wantFinalizer bool
+	}{
+		{name: "claim and namespace live", wantCreated: true, wantFinalizer: true},
+		{name: "claim being deleted", deleteClaim: true},
+		// The pool counts only IPAddresses before it lets itself go: a finalizer kept here would
+		// leave the claim Terminating once CAPM3's goes, and its namespace with it.
+		{name: "namespace being deleted", deleteNS: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "corrected-"}}
+			if err := cp.Client.Create(ctx, ns); err != nil {
+				t.Fatal(err)
+			}
+			claim := &ipamv1.IPClaim{
+				ObjectMeta: metav1.ObjectMeta{Name: "claim", Namespace: ns.Name, Finalizers: []string{keep}},
+				Spec:       ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: "pool"}},
+			}
+			if err := cp.Client.Create(ctx, claim); err != nil {
+				t.Fatal(err)
+			}
+			if tc.deleteClaim {
+				if err := cp.Client.Delete(ctx, claim); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.deleteNS {
+				if err := cp.Client.Delete(ctx, ns); err != nil {
+					t.Fatal(err)
+				}
+			}
+			address := &ipamv1.IPAddress{
+				ObjectMeta: metav1.ObjectMeta{Name: "pool-10-0-0-1", Namespace: ns.Name, Finalizers: []string{ipamv1.IPAddressFinalizer},
+					OwnerReferences: []metav1.OwnerReference{{APIVersion: ipamv1.GroupVersion.String(), Kind: "IPClaim", Name: claim.Name, UID: claim.UID}}},
+				Spec: ipamv1.IPAddressSpec{Address: "10.0.0.1", Pool: corev1.ObjectReference{Name: "pool"}, Claim: corev1.ObjectReference{Name: claim.Name}},
+			}
+			err := c.Create(ctx, address)
+			if created := err == nil; created != tc.wantCreated {
+				t.Errorf("IPAddress created: %v (%v), want %v", created, err, tc.wantCreated)
+			}
+			if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim); err != nil && !apierrors.IsNotFound(err) {
+				t.Fatal(err)
+			}
+			if finalized := slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer); finalized != tc.wantFinalizer {
+				t.Errorf("claim's finalizers %v: the IPAM's there %v, want %v", claim.Finalizers, finalized, tc.wantFinalizer)
+			}
+		})
+	}
+}
