@@ -267,24 +267,23 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	recorder := mgr.GetEventRecorder("ip-preallocator")
-	if err := (&handover.HandOver{Client: mgr.GetClient(), Recorder: recorder, Admissions: admissions}).SetupWithManager(mgr, o.concurrency); err != nil {
-		return err
-	}
 	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
 		if err := handover.IndexWaitingFor(ctx, mgr, gvk); err != nil {
 			return err
 		}
-		for _, takeOver := range []bool{true, false} {
-			release := &handover.Release{
-				Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
-				GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, HandOverDelay: o.handOverDelay,
-				IPAMWait: o.ipamWait, Admissions: admissions, ClaimGVK: gvk, TakeOver: takeOver,
-			}
-			if err := release.SetupWithManager(mgr, o.concurrency); err != nil {
-				return err
-			}
+		release := &handover.Release{
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+			GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, ClaimGVK: gvk,
 		}
+		if err := release.SetupWithManager(mgr, o.concurrency); err != nil {
+			return err
+		}
+	}
+	if err := (&handover.HandOver{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("ip-preallocator"),
+		Admissions: admissions, TakeOverDelay: o.handOverDelay, IPAMWait: o.ipamWait,
+	}).SetupWithManager(mgr, o.concurrency); err != nil {
+		return err
 	}
 
 	if err := (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, o.concurrency); err != nil {

@@ -49,6 +49,7 @@ func newClient(funcs interceptor.Funcs, objs ...client.Object) client.WithWatch 
 	return fake.NewClientBuilder().WithScheme(fixtures.Scheme()).WithObjects(objs...).
 		WithIndex(allocation.Metadata(allocation.IPClaimGVK), waitingForIndex, waitingForValue).
 		WithIndex(allocation.Metadata(allocation.IPClaimGVK), heldForIndex, heldForValue).
+		WithIndex(allocation.Metadata(allocation.IPAddressClaimGVK), waitingForIndex, waitingForValue).
 		WithInterceptorFuncs(fixtures.APIServerPatchErrors(funcs)).Build()
 }
 
@@ -96,7 +97,7 @@ func TestHandOverController(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newClient(tc.funcs, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), claim("tmpl-0-a", "t1"), claim("tmpl-0-b", "t1"))
 			recorder := events.NewFakeRecorder(10)
-			h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
+			h := &HandOver{Client: c, APIReader: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}, TakeOverDelay: time.Hour}
 			if tc.admittedBy != "" {
 				createdHere(h.Admissions, tc.admittedBy, "tmpl-0-a", "tmpl-0-b")
 			}
@@ -199,23 +200,21 @@ func TestHandOverWaitsForTheIPAM(t *testing.T) {
 	}
 }
 
-// TestAnswerWakesTheAdmittingReplica: the IPAM's answer to a claim this replica admitted wakes
-// the hand-over of its Metal3Data, once; other claims and other writes do not.
-func TestAnswerWakesTheAdmittingReplica(t *testing.T) {
-	h := &HandOver{Admissions: &Admissions{TTL: time.Minute}}
-	createdHere(h.Admissions, "t1", "tmpl-0-a")
+// TestAnswerWakesTheHandOver: the events of a waiting claim, and the IPAM's answer to it, wake
+// the hand-over of the Metal3Data it waits for; the events of a claim handed over, and writes
+// other than the answer, do not.
+func TestAnswerWakesTheHandOver(t *testing.T) {
 	waiting := claim("tmpl-0-a", "t1")
-	if got := h.admittedDataOf(context.Background(), waiting); len(got) != 1 || got[0].NamespacedName != dataKey {
-		t.Errorf("claim admitted here mapped to %v", got)
+	if got := dataWaitedFor(context.Background(), waiting); len(got) != 1 || got[0].NamespacedName != dataKey {
+		t.Errorf("waiting claim mapped to %v", got)
 	}
-	for name, other := range map[string]*ipamv1.IPClaim{"another admission": claim("tmpl-0-a", "t0"), "handed over": func() *ipamv1.IPClaim {
-		c := claim("tmpl-0-a", "t1")
-		c.OwnerReferences = []metav1.OwnerReference{{Name: "tmpl-0", UID: "data-uid"}}
-		return c
-	}()} {
-		if got := h.admittedDataOf(context.Background(), other); len(got) != 0 {
-			t.Errorf("%s: mapped to %v", name, got)
-		}
+	handed := claim("tmpl-0-a", "t1")
+	handed.OwnerReferences = []metav1.OwnerReference{{Name: "tmpl-0", UID: "data-uid"}}
+	if got := dataWaitedFor(context.Background(), handed); len(got) != 0 {
+		t.Errorf("claim handed over mapped to %v", got)
+	}
+	if stillWaiting.Generic(event.GenericEvent{Object: handed}) || !stillWaiting.Generic(event.GenericEvent{Object: waiting}) {
+		t.Error("stillWaiting passes a claim handed over, or not a waiting one")
 	}
 	finalized := waiting.DeepCopy()
 	finalized.Finalizers = append(finalized.Finalizers, ipamv1.IPClaimFinalizer)
@@ -226,7 +225,10 @@ func TestAnswerWakesTheAdmittingReplica(t *testing.T) {
 	if !answeredNow.Update(event.UpdateEvent{ObjectOld: finalized, ObjectNew: withAddress}) || !answeredNow.Update(event.UpdateEvent{ObjectOld: finalized, ObjectNew: failed}) {
 		t.Error("the IPAM's address or error did not pass")
 	}
-	if answeredNow.Update(event.UpdateEvent{ObjectOld: waiting, ObjectNew: finalized}) || answeredNow.Update(event.UpdateEvent{ObjectOld: withAddress, ObjectNew: withAddress}) {
+	handedAnswered := withAddress.DeepCopy()
+	handedAnswered.OwnerReferences = handed.OwnerReferences
+	if answeredNow.Update(event.UpdateEvent{ObjectOld: waiting, ObjectNew: finalized}) || answeredNow.Update(event.UpdateEvent{ObjectOld: withAddress, ObjectNew: withAddress}) ||
+		answeredNow.Update(event.UpdateEvent{ObjectOld: finalized, ObjectNew: handedAnswered}) {
 		t.Error("a write other than the answer passed")
 	}
 	if !answeredNow.Create(event.CreateEvent{Object: withAddress}) || answeredNow.Create(event.CreateEvent{Object: waiting}) {
@@ -331,14 +333,8 @@ func contains(list []string, s string) bool {
 func TestRelease(t *testing.T) {
 	ctx := context.Background()
 	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "tmpl-0-a"}}
-	newRelease := func(c, live client.Client, grace, delay time.Duration) *Release {
-		return &Release{Client: c, APIReader: live, Recorder: events.NewFakeRecorder(10),
-			GracePeriod: grace, HandOverDelay: delay, ClaimGVK: allocation.IPClaimGVK}
-	}
-	newTakeOver := func(c, live client.Client, grace, delay time.Duration) *Release {
-		r := newRelease(c, live, grace, delay)
-		r.TakeOver = true
-		return r
+	newRelease := func(c, live client.Client, grace time.Duration) *Release {
+		return &Release{Client: c, APIReader: live, GracePeriod: grace, ClaimGVK: allocation.IPClaimGVK}
 	}
 	exists := func(c client.Reader) bool {
 		err := c.Get(ctx, req.NamespacedName, &ipamv1.IPClaim{})
@@ -347,7 +343,7 @@ func TestRelease(t *testing.T) {
 
 	t.Run("waits for the grace period, then releases", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
-		r := newRelease(c, c, 300*time.Millisecond, 0)
+		r := newRelease(c, c, 300*time.Millisecond)
 		res, err := r.Reconcile(ctx, req)
 		if err != nil || res.RequeueAfter <= 0 || !exists(c) {
 			t.Fatalf("first look: %v %v exists=%v", res, err, exists(c))
@@ -368,7 +364,7 @@ func TestRelease(t *testing.T) {
 		planned.Finalizers = append(planned.Finalizers, "ipclaim.ipam.metal3.io")
 		dataClaim := &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m3m-0"}}
 		c := newClient(interceptor.Funcs{}, planned, dataClaim)
-		r := newRelease(c, c, 0, 0)
+		r := newRelease(c, c, 0)
 		r.HoldLimit = time.Hour
 		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || !exists(c) {
 			t.Fatalf("while its Metal3DataClaim waits: %v %v exists=%v", res, err, exists(c))
@@ -383,7 +379,7 @@ func TestRelease(t *testing.T) {
 		}
 
 		gone := newClient(interceptor.Funcs{}, planned)
-		r = newRelease(gone, gone, 0, 0)
+		r = newRelease(gone, gone, 0)
 		r.HoldLimit = time.Hour
 		if _, err := r.Reconcile(ctx, req); err != nil || !isDeleting(t, gone) {
 			t.Fatalf("without its Metal3DataClaim: %v", err)
@@ -391,7 +387,7 @@ func TestRelease(t *testing.T) {
 
 		waiting := &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m3m-0"}}
 		limited := newClient(interceptor.Funcs{}, planned, waiting)
-		r = newRelease(limited, limited, 0, 0)
+		r = newRelease(limited, limited, 0)
 		r.HoldLimit = 200 * time.Millisecond
 		res, err := r.Reconcile(ctx, req)
 		if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > r.HoldLimit {
@@ -404,7 +400,7 @@ func TestRelease(t *testing.T) {
 	})
 	t.Run("kept until the IPAM answered it, within the hold limit", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
-		r := newRelease(c, c, 0, 0)
+		r := newRelease(c, c, 0)
 		r.HoldLimit = time.Hour
 		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || isDeleting(t, c) {
 			t.Fatalf("unanswered: %v %v", res, err)
@@ -423,7 +419,7 @@ func TestRelease(t *testing.T) {
 	})
 	t.Run("a reclaimed claim starts its grace period again", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
-		r := newRelease(c, c, 300*time.Millisecond, 0)
+		r := newRelease(c, c, 300*time.Millisecond)
 		if _, err := r.Reconcile(ctx, req); err != nil {
 			t.Fatal(err)
 		}
@@ -449,26 +445,119 @@ func TestRelease(t *testing.T) {
 			}
 			return live.Get(ctx, key, obj, opts...)
 		}})
-		if _, err := newRelease(behind, live, 0, 0).Reconcile(ctx, req); err != nil || !exists(live) || len(ownedBy(t, live, "tmpl-0-a")) != 0 {
+		if _, err := newRelease(behind, live, 0).Reconcile(ctx, req); err != nil || !exists(live) || len(ownedBy(t, live, "tmpl-0-a")) != 0 {
 			t.Fatalf("err=%v exists=%v", err, exists(live))
 		}
 	})
+	t.Run("the leader hands nothing over", func(t *testing.T) {
+		stored := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("", ""))
+		if res, err := newRelease(stored, stored, time.Hour).Reconcile(ctx, req); err != nil || res.RequeueAfter != time.Hour ||
+			len(ownedBy(t, stored, "tmpl-0-a")) != 0 {
+			t.Fatalf("leader on a stored Metal3Data: %v %v owners=%v", res, err, ownedBy(t, stored, "tmpl-0-a"))
+		}
+	})
+	t.Run("with the IPAM's finalizer on it, once no pass may allocate for it: the IPAM frees the address only after", func(t *testing.T) {
+		withIPAM := claim("tmpl-0-a", "t1")
+		withIPAM.Finalizers = append(withIPAM.Finalizers, "ipclaim.ipam.metal3.io")
+		withIPAM.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-strayWait)}
+		c := newClient(interceptor.Funcs{}, withIPAM)
+		r := newRelease(c, c, time.Hour)
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		got := &ipamv1.IPClaim{}
+		if err := c.Get(ctx, req.NamespacedName, got); err != nil || !slices.Equal(got.Finalizers, []string{"ipclaim.ipam.metal3.io"}) {
+			t.Fatalf("finalizers %v, %v", got.Finalizers, err)
+		}
+	})
+	t.Run("a waiting claim being deleted loses CAPM3's finalizer", func(t *testing.T) {
+		deleted := claim("tmpl-0-a", "t1")
+		deleted.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-strayWait)}
+		c := newClient(interceptor.Funcs{}, deleted, metal3Data("t1", "IPClaim/tmpl-0-a"))
+		if _, err := newRelease(c, c, time.Hour).Reconcile(ctx, req); err != nil || exists(c) {
+			t.Fatalf("err=%v exists=%v", err, exists(c))
+		}
+	})
+	t.Run("a waiting claim being deleted with two IPAddresses: both released, the IPAM would free one", func(t *testing.T) {
+		deleted := claim("tmpl-0-a", "t1")
+		deleted.UID = "claim-uid"
+		deleted.Finalizers = append(deleted.Finalizers, "ipclaim.ipam.metal3.io")
+		deleted.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-strayWait)}
+		var addresses []client.Object
+		for _, name := range []string{"pool-10-0-0-1", "pool-10-0-0-2"} {
+			addresses = append(addresses, &ipamv1.IPAddress{ObjectMeta: metav1.ObjectMeta{
+				Namespace: "ns", Name: name, UID: types.UID(name), Finalizers: []string{ipamv1.IPAddressFinalizer},
+				OwnerReferences: []metav1.OwnerReference{{Kind: "IPClaim", Name: "tmpl-0-a", UID: "claim-uid"}},
+			}})
+		}
+		c := newClient(interceptor.Funcs{}, append(addresses, deleted)...)
+		if res, err := newRelease(c, c, time.Hour).Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || !exists(c) {
+			t.Fatalf("first look: %v %v exists=%v", res, err, exists(c))
+		}
+		for _, a := range addresses {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(a), &ipamv1.IPAddress{}); !apierrors.IsNotFound(err) {
+				t.Errorf("IPAddress %s is still there: %v", a.GetName(), err)
+			}
+		}
+	})
+	t.Run("a waiting claim being deleted, never answered, is kept, and its stray IPAddress released", func(t *testing.T) {
+		deleted := claim("tmpl-0-a", "t1")
+		deleted.UID = "claim-uid"
+		deleted.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		stray := &ipamv1.IPAddress{ObjectMeta: metav1.ObjectMeta{
+			Namespace: "ns", Name: "pool-10-0-0-1", UID: "address-uid", Finalizers: []string{ipamv1.IPAddressFinalizer},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "IPClaim", Name: "tmpl-0-a", UID: "claim-uid"}},
+		}}
+		c := newClient(interceptor.Funcs{}, deleted, stray)
+		r := newRelease(c, c, time.Hour)
+		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || !exists(c) {
+			t.Fatalf("first look: %v %v exists=%v", res, err, exists(c))
+		}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(stray), &ipamv1.IPAddress{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("the stray IPAddress is still there: %v", err)
+		}
+	})
+}
+
+// TestTakeOver: every replica hands over what the admitting replica did not: at once when the
+// Metal3Data does not record the claim, after the take-over delay when it does.
+func TestTakeOver(t *testing.T) {
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: dataKey}
+	newHandOver := func(c client.Client, delay time.Duration) *HandOver {
+		return &HandOver{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(10), Admissions: &Admissions{TTL: time.Minute}, TakeOverDelay: delay}
+	}
 	t.Run("a lost admission response: handed over at once", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("", ""))
-		if _, err := newTakeOver(c, c, time.Hour, time.Hour).Reconcile(ctx, req); err != nil {
+		if _, err := newHandOver(c, time.Hour).Reconcile(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 		if owners := ownedBy(t, c, "tmpl-0-a"); len(owners) != 1 || owners[0].UID != "data-uid" {
 			t.Fatalf("owners %v", owners)
 		}
+		got := &ipamv1.IPClaim{}
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: "tmpl-0-a"}, got); err != nil || len(got.Annotations) != 0 {
+			t.Fatalf("annotations left on the claim handed over: %v %v", got.Annotations, err)
+		}
+	})
+	t.Run("a claim reclaimed by a later admission: handed over at once, the recorded ones after the delay", func(t *testing.T) {
+		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t2"), claim("tmpl-0-b", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
+		h := newHandOver(c, time.Hour)
+		res, err := h.Reconcile(ctx, req)
+		if err != nil || !res.Requeue || len(ownedBy(t, c, "tmpl-0-a")) != 1 || len(ownedBy(t, c, "tmpl-0-b")) != 0 {
+			t.Fatalf("unrecorded: %v %v", res, err)
+		}
+		if res, err := h.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-b")) != 0 {
+			t.Fatalf("recorded, within the delay: %v %v", res, err)
+		}
 	})
 	t.Run("recorded and unanswered: the take-over waits for the IPAM to answer every claim, within IPAMWait", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), claim("tmpl-0-b", "t1"),
 			metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
-		r := newTakeOver(c, c, time.Hour, 0)
-		r.IPAMWait = time.Hour
-		res, err := r.Reconcile(ctx, req)
-		if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > r.IPAMWait || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+		h := newHandOver(c, 0)
+		h.IPAMWait = time.Hour
+		res, err := h.Reconcile(ctx, req)
+		if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > h.IPAMWait || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 			t.Fatalf("unanswered: %v %v owners=%v", res, err, ownedBy(t, c, "tmpl-0-a"))
 		}
 		answer := func(name string, address bool) {
@@ -487,22 +576,22 @@ func TestRelease(t *testing.T) {
 		}
 		// The IPAM's finalizer is not its answer: CAPM3 reads the status.
 		answer("tmpl-0-a", false)
-		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+		if res, err := h.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 			t.Fatalf("finalizer only: %v %v", res, err)
 		}
 		// Handed over alone, it would wake CAPM3 to find its sibling unusable.
 		answer("tmpl-0-a", true)
-		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+		if res, err := h.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 			t.Fatalf("one of two answered: %v %v", res, err)
 		}
 		answer("tmpl-0-b", true)
 		// Answered after a wait: the admitting replica, woken by the same answer, goes first.
-		res, err = r.Reconcile(ctx, req)
+		res, err = h.Reconcile(ctx, req)
 		if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > answerGrace || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 			t.Fatalf("all answered, within the grace: %v %v", res, err)
 		}
 		time.Sleep(res.RequeueAfter)
-		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 || len(ownedBy(t, c, "tmpl-0-b")) != 1 {
+		if _, err := h.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 || len(ownedBy(t, c, "tmpl-0-b")) != 1 {
 			t.Fatalf("all answered: %v owners=%v %v", err, ownedBy(t, c, "tmpl-0-a"), ownedBy(t, c, "tmpl-0-b"))
 		}
 
@@ -510,130 +599,63 @@ func TestRelease(t *testing.T) {
 		// wait.
 		c = newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-c"))
 		answer("tmpl-0-a", true)
-		r = newTakeOver(c, c, time.Hour, 0)
-		r.IPAMWait = time.Hour
-		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+		h = newHandOver(c, 0)
+		h.IPAMWait = time.Hour
+		if _, err := h.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
 			t.Fatalf("a recorded claim missing: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}
 
 		// An IPAM that never answers delays the take-over by IPAMWait at most.
 		c = newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
-		r = newTakeOver(c, c, time.Hour, 0)
-		r.IPAMWait = 200 * time.Millisecond
-		res, err = r.Reconcile(ctx, req)
+		h = newHandOver(c, 0)
+		h.IPAMWait = 200 * time.Millisecond
+		res, err = h.Reconcile(ctx, req)
 		if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 			t.Fatalf("unanswered, short wait: %v %v", res, err)
 		}
 		time.Sleep(res.RequeueAfter)
-		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+		if _, err := h.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
 			t.Fatalf("after IPAMWait: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}
 	})
-	t.Run("recorded by an admission of this replica: left to its hand-over", func(t *testing.T) {
+	t.Run("recorded by an admission of this replica still being created: left to it", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
-		r := newTakeOver(c, c, time.Hour, 0)
-		r.Admissions = &Admissions{}
-		createdHere(r.Admissions, "t1", "tmpl-0-a")
-		res, err := r.Reconcile(ctx, req)
-		if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
-			t.Fatalf("admitted here: %v %v owners=%v", res, err, ownedBy(t, c, "tmpl-0-a"))
+		h := newHandOver(c, 0)
+		createdHere(h.Admissions, "t1", "tmpl-0-a")
+		h.Admissions.pending[dataKey].creating = true
+		if res, err := h.Reconcile(ctx, req); err != nil || res.RequeueAfter != 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("admitted here, creating: %v %v owners=%v", res, err, ownedBy(t, c, "tmpl-0-a"))
 		}
-		r.Admissions.Done(dataKey, "t1")
-		if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+		h.Admissions.Done(dataKey, "t1")
+		if _, err := h.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
 			t.Fatalf("no longer pending here: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}
 	})
 	t.Run("recorded: left to the admitting replica, then taken over, unanswered, when IPAMWait is within the delay", func(t *testing.T) {
 		for _, ipamWait := range []time.Duration{0, 200 * time.Millisecond} {
 			c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("t1", "IPClaim/tmpl-0-a"))
-			r := newTakeOver(c, c, time.Hour, 200*time.Millisecond)
-			r.IPAMWait = ipamWait
-			res, err := r.Reconcile(ctx, req)
+			h := newHandOver(c, 200*time.Millisecond)
+			h.IPAMWait = ipamWait
+			res, err := h.Reconcile(ctx, req)
 			if err != nil || res.RequeueAfter <= 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 				t.Fatalf("IPAMWait %v, first look: %v %v", ipamWait, res, err)
 			}
 			time.Sleep(res.RequeueAfter)
-			if _, err := r.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
+			if _, err := h.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
 				t.Fatalf("IPAMWait %v, take-over: %v owners=%v", ipamWait, err, ownedBy(t, c, "tmpl-0-a"))
 			}
 		}
 	})
-	t.Run("the leader hands nothing over, every replica releases nothing", func(t *testing.T) {
-		stored := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"), metal3Data("", ""))
-		if res, err := newRelease(stored, stored, time.Hour, 0).Reconcile(ctx, req); err != nil || res.RequeueAfter != time.Hour ||
-			len(ownedBy(t, stored, "tmpl-0-a")) != 0 {
-			t.Fatalf("leader on a stored Metal3Data: %v %v owners=%v", res, err, ownedBy(t, stored, "tmpl-0-a"))
-		}
+	t.Run("nothing handed over for a Metal3Data never stored, nor a claim being deleted", func(t *testing.T) {
 		never := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
-		if _, err := newTakeOver(never, never, 0, 0).Reconcile(ctx, req); err != nil || !exists(never) {
-			t.Fatalf("take-over on a Metal3Data never stored: %v exists=%v", err, exists(never))
+		if _, err := newHandOver(never, 0).Reconcile(ctx, req); err != nil || len(ownedBy(t, never, "tmpl-0-a")) != 0 {
+			t.Fatalf("a Metal3Data never stored: %v", err)
 		}
-		if err := never.Delete(ctx, claim("tmpl-0-a", "t1")); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := newTakeOver(never, never, 0, 0).Reconcile(ctx, req); err != nil || !exists(never) {
-			t.Fatalf("take-over on a waiting claim being deleted: %v exists=%v", err, exists(never))
-		}
-	})
-	t.Run("with the IPAM's finalizer on it, once no pass may allocate for it: the IPAM frees the address only after", func(t *testing.T) {
-		withIPAM := claim("tmpl-0-a", "t1")
-		withIPAM.Finalizers = append(withIPAM.Finalizers, "ipclaim.ipam.metal3.io")
-		withIPAM.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-strayWait)}
-		c := newClient(interceptor.Funcs{}, withIPAM)
-		r := newRelease(c, c, time.Hour, time.Hour)
-		if _, err := r.Reconcile(ctx, req); err != nil {
-			t.Fatal(err)
-		}
-		got := &ipamv1.IPClaim{}
-		if err := c.Get(ctx, req.NamespacedName, got); err != nil || !slices.Equal(got.Finalizers, []string{"ipclaim.ipam.metal3.io"}) {
-			t.Fatalf("finalizers %v, %v", got.Finalizers, err)
-		}
-	})
-	t.Run("a waiting claim being deleted loses CAPM3's finalizer", func(t *testing.T) {
-		deleted := claim("tmpl-0-a", "t1")
-		deleted.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-strayWait)}
-		c := newClient(interceptor.Funcs{}, deleted, metal3Data("t1", "IPClaim/tmpl-0-a"))
-		if _, err := newRelease(c, c, time.Hour, time.Hour).Reconcile(ctx, req); err != nil || exists(c) {
-			t.Fatalf("err=%v exists=%v", err, exists(c))
-		}
-	})
-	t.Run("a waiting claim being deleted with two IPAddresses: both released, the IPAM would free one", func(t *testing.T) {
-		deleted := claim("tmpl-0-a", "t1")
-		deleted.UID = "claim-uid"
-		deleted.Finalizers = append(deleted.Finalizers, "ipclaim.ipam.metal3.io")
-		deleted.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-strayWait)}
-		var addresses []client.Object
-		for _, name := range []string{"pool-10-0-0-1", "pool-10-0-0-2"} {
-			addresses = append(addresses, &ipamv1.IPAddress{ObjectMeta: metav1.ObjectMeta{
-				Namespace: "ns", Name: name, UID: types.UID(name), Finalizers: []string{ipamv1.IPAddressFinalizer},
-				OwnerReferences: []metav1.OwnerReference{{Kind: "IPClaim", Name: "tmpl-0-a", UID: "claim-uid"}},
-			}})
-		}
-		c := newClient(interceptor.Funcs{}, append(addresses, deleted)...)
-		if res, err := newRelease(c, c, time.Hour, time.Hour).Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || !exists(c) {
-			t.Fatalf("first look: %v %v exists=%v", res, err, exists(c))
-		}
-		for _, a := range addresses {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(a), &ipamv1.IPAddress{}); !apierrors.IsNotFound(err) {
-				t.Errorf("IPAddress %s is still there: %v", a.GetName(), err)
-			}
-		}
-	})
-	t.Run("a waiting claim being deleted, never answered, is kept, and its stray IPAddress released", func(t *testing.T) {
-		deleted := claim("tmpl-0-a", "t1")
-		deleted.UID = "claim-uid"
+		deleted := claim("tmpl-0-a", "")
 		deleted.DeletionTimestamp = &metav1.Time{Time: time.Now()}
-		stray := &ipamv1.IPAddress{ObjectMeta: metav1.ObjectMeta{
-			Namespace: "ns", Name: "pool-10-0-0-1", UID: "address-uid", Finalizers: []string{ipamv1.IPAddressFinalizer},
-			OwnerReferences: []metav1.OwnerReference{{Kind: "IPClaim", Name: "tmpl-0-a", UID: "claim-uid"}},
-		}}
-		c := newClient(interceptor.Funcs{}, deleted, stray)
-		r := newRelease(c, c, time.Hour, time.Hour)
-		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter <= 0 || !exists(c) {
-			t.Fatalf("first look: %v %v exists=%v", res, err, exists(c))
-		}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(stray), &ipamv1.IPAddress{}); !apierrors.IsNotFound(err) {
-			t.Fatalf("the stray IPAddress is still there: %v", err)
+		c := newClient(interceptor.Funcs{}, deleted, metal3Data("", ""))
+		if _, err := newHandOver(c, 0).Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
+			t.Fatalf("a waiting claim being deleted: %v", err)
 		}
 	})
 }
@@ -700,7 +722,7 @@ func TestOrphanFinished(t *testing.T) {
 			if err := c.Delete(ctx, owned); err != nil {
 				t.Fatal(err)
 			}
-			r := &Release{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(10), GracePeriod: time.Hour, ClaimGVK: allocation.IPClaimGVK}
+			r := &Release{Client: c, APIReader: c, GracePeriod: time.Hour, ClaimGVK: allocation.IPClaimGVK}
 			res, err := r.Reconcile(ctx, req)
 			if err != nil {
 				t.Fatal(err)
@@ -713,7 +735,7 @@ func TestOrphanFinished(t *testing.T) {
 	}
 }
 
-func TestAnsweredWhileWaiting(t *testing.T) {
+func TestAnsweredNow(t *testing.T) {
 	unanswered := claim("tmpl-0-a", "t1")
 	answered := unanswered.DeepCopy()
 	answered.Status.Address = &corev1.ObjectReference{Name: "tmpl-0-a-address"}
@@ -732,7 +754,7 @@ func TestAnsweredWhileWaiting(t *testing.T) {
 		{name: "an answered claim's later write", old: answered, new: answered, want: false},
 		{name: "an owned claim answered", old: ownedBefore, new: owned, want: false},
 	} {
-		if got := answeredWhileWaiting.Update(event.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.new}); got != tc.want {
+		if got := answeredNow.Update(event.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.new}); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}

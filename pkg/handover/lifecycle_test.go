@@ -33,33 +33,48 @@ func TestPhaseOf(t *testing.T) {
 	}
 }
 
-// TestDecideWaiting lists every transition of a waiting claim; changing any fails it.
-func TestDecideWaiting(t *testing.T) {
-	tm := timings{grace: 120 * time.Second, hold: 600 * time.Second, handOverDelay: 5 * time.Second}
+// TestDecideHandOver lists every transition of the hand-over of a stored Metal3Data; changing
+// any fails it.
+func TestDecideHandOver(t *testing.T) {
+	const delay = 5 * time.Second
+	for _, tc := range []struct {
+		name string
+		f    handOverFacts
+		want decision
+	}{
+		{"a claim it does not record", handOverFacts{unrecorded: true, admitted: true, created: true, recordedWaiting: true}, decision{action: handOverUnrecorded}},
+		{"admitted here, claims created", handOverFacts{admitted: true, created: true, recordedWaiting: true}, decision{action: handOverAdmitted}},
+		{"admitted here, claims being created", handOverFacts{admitted: true, recordedWaiting: true, age: time.Hour}, decision{action: keep}},
+		{"nothing waits", handOverFacts{age: time.Hour}, decision{action: keep}},
+		{"admitted elsewhere, within the delay", handOverFacts{recordedWaiting: true, age: 2 * time.Second}, decision{action: keep, after: 3 * time.Second}},
+		{"admitted elsewhere, after the delay", handOverFacts{recordedWaiting: true, age: 5 * time.Second}, decision{action: handOverRecorded}},
+	} {
+		if got := decideHandOver(tc.f, delay); got != tc.want {
+			t.Errorf("%s: %+v (%v), want %+v (%v)", tc.name, got, got.action, tc.want, tc.want.action)
+		}
+	}
+}
+
+// TestDecideRelease lists every transition of a waiting claim on the leader; changing any fails it.
+func TestDecideRelease(t *testing.T) {
+	const grace, hold = 120 * time.Second, 600 * time.Second
 	yes, no := true, false
 	for _, tc := range []struct {
 		name string
-		f    waitingFacts
+		f    releaseFacts
 		want decision
 	}{
-		// The take-over, on every replica: hands over only.
-		{"take-over: stored, unrecorded", waitingFacts{takeOver: true, stored: true}, decision{action: handOverUnrecorded}},
-		{"take-over: stored, recorded, admitted here", waitingFacts{takeOver: true, stored: true, recorded: true, admittedHere: true}, decision{action: keep, after: 5 * time.Second}},
-		{"take-over: stored, recorded, within the delay", waitingFacts{takeOver: true, stored: true, recorded: true, age: 2 * time.Second}, decision{action: keep, after: 3 * time.Second}},
-		{"take-over: stored, recorded, after the delay", waitingFacts{takeOver: true, stored: true, recorded: true, age: 5 * time.Second}, decision{action: handOverRecorded}},
-		{"take-over: not stored", waitingFacts{takeOver: true, age: time.Hour}, decision{action: keep}},
-		// The release, on the leader: releases only.
-		{"release: stored", waitingFacts{stored: true, age: time.Hour}, decision{action: keep, after: 120 * time.Second}},
-		{"release: within the grace period", waitingFacts{age: 20 * time.Second}, decision{action: keep, after: 100 * time.Second}},
-		{"release: unanswered, within the hold", waitingFacts{age: 200 * time.Second}, decision{action: keep, after: 520 * time.Second, why: "Keeping a claim the IPAM has not answered yet"}},
-		{"release: answered, Metal3DataClaim not read", waitingFacts{age: 200 * time.Second, ipamHandled: true}, decision{action: readDataClaim}},
-		{"release: answered, Metal3DataClaim waits", waitingFacts{age: 200 * time.Second, ipamHandled: true, dataClaimWaits: &yes},
+		{"stored", releaseFacts{stored: true, age: time.Hour}, decision{action: keep, after: 120 * time.Second}},
+		{"within the grace period", releaseFacts{age: 20 * time.Second}, decision{action: keep, after: 100 * time.Second}},
+		{"unanswered, within the hold", releaseFacts{age: 200 * time.Second}, decision{action: keep, after: 520 * time.Second, why: "Keeping a claim the IPAM has not answered yet"}},
+		{"answered, Metal3DataClaim not read", releaseFacts{age: 200 * time.Second, ipamHandled: true}, decision{action: readDataClaim}},
+		{"answered, Metal3DataClaim waits", releaseFacts{age: 200 * time.Second, ipamHandled: true, dataClaimWaits: &yes},
 			decision{action: keep, after: 520 * time.Second, why: "Keeping a claim whose Metal3DataClaim still waits for data"}},
-		{"release: answered, Metal3DataClaim does not wait", waitingFacts{age: 200 * time.Second, ipamHandled: true, dataClaimWaits: &no}, decision{action: release}},
-		{"release: unanswered, past the hold", waitingFacts{age: 720 * time.Second}, decision{action: release}},
-		{"release: Metal3DataClaim waits, past the hold", waitingFacts{age: 720 * time.Second, ipamHandled: true, dataClaimWaits: &yes}, decision{action: release}},
+		{"answered, Metal3DataClaim does not wait", releaseFacts{age: 200 * time.Second, ipamHandled: true, dataClaimWaits: &no}, decision{action: release}},
+		{"unanswered, past the hold", releaseFacts{age: 720 * time.Second}, decision{action: release}},
+		{"Metal3DataClaim waits, past the hold", releaseFacts{age: 720 * time.Second, ipamHandled: true, dataClaimWaits: &yes}, decision{action: release}},
 	} {
-		if got := decideWaiting(tc.f, tm); got != tc.want {
+		if got := decideRelease(tc.f, grace, hold); got != tc.want {
 			t.Errorf("%s: %+v (%v), want %+v (%v)", tc.name, got, got.action, tc.want, tc.want.action)
 		}
 	}

@@ -3,8 +3,6 @@ package handover
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
 	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
@@ -12,9 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -41,72 +37,25 @@ const (
 // dataClaimGVK is the version the release controller watches Metal3DataClaims in.
 var dataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 
-// Release finishes every claim still waiting for its Metal3Data. Two instances share the work.
-// On every replica (TakeOver), because a hand-over is safe from anywhere and must not wait for a
-// new leader after the leader died:
-//   - its Metal3Data is stored but carries no record of it (the admission response was lost, or a
-//     later admission of the same name reclaimed it): handed over at once;
-//   - its Metal3Data records it but the admitting replica, another one or this one once it has
-//     forgotten the admission, did not hand it over within HandOverDelay (it died): handed over
-//     with the other claims the Metal3Data records, once the IPAM has answered them all or
-//     IPAMWait has passed (see IPAMWait).
-//
-// On the leader, because these remove or release:
-//   - being deleted (a person, a namespace deletion): CAPM3's finalizer goes, as CAPM3 would do;
-//   - its Metal3Data is not stored GracePeriod after the last admission claimed it: released,
-//     but not before the IPAM answered it (see ipamHandled) nor while the Metal3DataClaim it was
-//     planned for still waits for data (see dataClaimWaits), for at most HoldLimit more;
-//   - being deleted, owned by a Metal3Data that is gone: CAPM3's finalizer goes.
-//
-// Time is measured on this replica's clock from when it first saw the claim's current admission,
-// so clock skew between replicas and the API server cannot shorten a grace period.
+// Release finishes, on the leader, the claims of one kind that the hand-over will not: a waiting
+// claim whose Metal3Data is not stored GracePeriod after the last admission claimed it is
+// released (after the IPAM answered it and while its Metal3DataClaim does not wait for data, for
+// at most HoldLimit more); a waiting claim someone deleted, and a claim being deleted whose
+// Metal3Data is gone, lose CAPM3's finalizer, as CAPM3 would remove it.
 type Release struct {
 	Client client.Client
 	// APIReader confirms, live, that a Metal3Data is not stored before its claim is released,
-	// reads the Metal3Data a claim is handed over to without a record, and the Metal3DataClaim
-	// a claim is kept for.
+	// and reads the Metal3DataClaim a claim is kept for.
 	APIReader   client.Reader
-	Recorder    events.EventRecorder
 	GracePeriod time.Duration
 	// HoldLimit bounds how long past GracePeriod a claim is kept unanswered by the IPAM or while
 	// its Metal3DataClaim waits for data: a Metal3Data rejected for good, or an IPAM that is down,
 	// must not keep claims for ever.
-	HoldLimit     time.Duration
-	HandOverDelay time.Duration
-	// IPAMWait, when above HandOverDelay, is how long a TakeOver instance keeps the claims a
-	// Metal3Data records while the IPAM has not answered them all (their status, from the
-	// informer of whole claims): the admitting replica waits that long for a lagging IPAM
-	// (Admissions.IPAMWait), and a take-over before the answers would cut that wait short while
-	// the replica lives, each of the IPAM's later writes then waking CAPM3 for nothing. A replica
-	// that died costs no more for it: CAPM3 can use no claim before its answer.
-	IPAMWait time.Duration
-	// Admissions are this replica's: a TakeOver instance leaves what this replica admitted to
-	// its own HandOver.
-	Admissions *Admissions
+	HoldLimit time.Duration
 	// ClaimGVK is the claim kind this instance watches.
 	ClaimGVK schema.GroupVersionKind
-	// TakeOver makes this the instance that runs on every replica and only hands over; the
-	// other runs on the leader and only releases and finishes.
-	TakeOver bool
 
-	mu   sync.Mutex
-	seen map[types.NamespacedName]sighting
-}
-
-type sighting struct {
-	uid   types.UID
-	token string
-	at    time.Time
-	// waited tells that the take-over found a claim of the Metal3Data unanswered after the
-	// take-over delay, and answered when it then found them all answered.
-	waited   bool
-	answered time.Time
-}
-
-// waitingFor returns the Metal3Data a claim waits for, if it waits.
-func waitingFor(o metav1.Object) (string, bool) {
-	name, ok := o.GetAnnotations()[allocation.PreallocatedForAnnotation]
-	return name, ok && len(o.GetOwnerReferences()) == 0
+	seen sightings
 }
 
 func waitingForValue(o client.Object) []string {
@@ -124,7 +73,7 @@ func heldForValue(o client.Object) []string {
 }
 
 // IndexWaitingFor indexes the claims of kind gvk by the Metal3Data they wait for and by the
-// Metal3DataClaim that one answers; both instances of Release use it.
+// Metal3DataClaim that one answers.
 func IndexWaitingFor(ctx context.Context, mgr ctrl.Manager, gvk schema.GroupVersionKind) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, allocation.Metadata(gvk), waitingForIndex, waitingForValue); err != nil {
 		return err
@@ -134,41 +83,25 @@ func IndexWaitingFor(ctx context.Context, mgr ctrl.Manager, gvk schema.GroupVers
 
 // waitingOrOrphaned passes the claims Release looks after.
 var waitingOrOrphaned = predicate.NewPredicateFuncs(func(o client.Object) bool {
-	_, ok := waitingFor(o)
-	return ok || orphanOwner(o) != nil
+	return phaseOf(o) != owned
 })
 
-// answeredWhileWaiting passes the event in which the IPAM's answer to a waiting claim is seen.
-var answeredWhileWaiting = predicate.And(waitingOrOrphaned, answeredNow)
-
-// SetupWithManager registers the controller: under leader election unless TakeOver.
+// SetupWithManager registers the controller under leader election.
 func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
-	claim := allocation.Metadata(r.ClaimGVK)
 	created := predicate.Funcs{
 		UpdateFunc:  func(event.UpdateEvent) bool { return false },
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
-	name := "preallocation-release-"
-	if r.TakeOver {
-		name = "preallocation-takeover-"
-	}
-	b := ctrl.NewControllerManagedBy(mgr).
-		Named(name+r.ClaimGVK.Kind).
-		For(claim, builder.WithPredicates(waitingOrOrphaned)).
-		// A stored Metal3Data is what a waiting claim waits for: look at its claims at once.
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("preallocation-release-"+r.ClaimGVK.Kind).
+		For(allocation.Metadata(r.ClaimGVK), builder.WithPredicates(waitingOrOrphaned)).
+		// A release that found its Metal3Data stored live, ahead of the cache, comes back with it.
 		Watches(allocation.Metadata(allocation.Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
-			builder.WithPredicates(created))
-	if r.TakeOver && r.IPAMWait > r.HandOverDelay {
-		// The metadata event of the IPAM's status write can come before this informer holds the
-		// status: its own event is what ends the take-over's wait.
-		b = b.Watches(wholeClaim(r.ClaimGVK.Kind), &handler.EnqueueRequestForObject{}, builder.WithPredicates(answeredWhileWaiting))
-	}
-	if !r.TakeOver {
+			builder.WithPredicates(created)).
 		// A Metal3DataClaim that gets its data or goes ends the hold of the claims planned for it.
-		b = b.Watches(allocation.Metadata(dataClaimGVK), handler.EnqueueRequestsFromMapFunc(r.claimsHeldFor))
-	}
-	return b.WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(!r.TakeOver)}).
+		Watches(allocation.Metadata(dataClaimGVK), handler.EnqueueRequestsFromMapFunc(r.claimsHeldFor)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
 		Complete(r)
 }
 
@@ -195,88 +128,50 @@ func (r *Release) claimsIndexed(ctx context.Context, obj client.Object, index st
 	return reqs
 }
 
-// age is how long this replica has seen the claim claimed by its current admission.
-func (r *Release) age(key types.NamespacedName, claim *metav1.PartialObjectMetadata) time.Duration {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	if r.seen == nil {
-		r.seen = map[types.NamespacedName]sighting{}
-	}
-	token := claim.Annotations[allocation.AdmissionAnnotation]
-	s, ok := r.seen[key]
-	if !ok || s.uid != claim.UID || s.token != token {
-		s = sighting{uid: claim.UID, token: token, at: now}
-		r.seen[key] = s
-	}
-	return now.Sub(s.at)
-}
-
-func (r *Release) forget(key types.NamespacedName) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.seen, key)
-}
-
 // Reconcile implements reconcile.Reconciler.
 func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	claim := allocation.Metadata(r.ClaimGVK)
 	if err := r.Client.Get(ctx, req.NamespacedName, claim); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.forget(req.NamespacedName)
-		}
+		r.seen.forget(req.NamespacedName)
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	p := phaseOf(claim)
-	if p == owned || p == orphaned {
-		r.forget(req.NamespacedName)
-	}
-	switch {
-	case p == waiting:
+	switch phaseOf(claim) {
+	case waiting:
 		return r.reconcileWaiting(ctx, req.NamespacedName, claim)
-	case r.TakeOver || p == owned:
-		// Only the leader removes finalizers.
-		return ctrl.Result{}, nil
-	case p == orphaned:
+	case deleting:
+		return r.finishDeleted(ctx, claim)
+	case orphaned:
+		r.seen.forget(req.NamespacedName)
 		return r.finishOrphan(ctx, claim, orphanOwner(claim))
 	}
-	return r.finishDeleted(ctx, claim)
+	r.seen.forget(req.NamespacedName)
+	return ctrl.Result{}, nil
 }
 
-// reconcileWaiting gathers the facts decideWaiting needs and carries out its decision.
+// reconcileWaiting gathers the facts decideRelease needs and carries out its decision.
 func (r *Release) reconcileWaiting(ctx context.Context, key types.NamespacedName, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
 	dataName, _ := waitingFor(claim)
 	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(claim.Namespace, dataName))
 	ctx = log.IntoContext(ctx, logger)
-	f := waitingFacts{takeOver: r.TakeOver, age: r.age(key, claim), ipamHandled: ipamHandled(claim)}
+	f := releaseFacts{age: r.seen.age(key, claim.UID, claim.Annotations[allocation.AdmissionAnnotation]), ipamHandled: ipamHandled(claim)}
 	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, fmt.Errorf("reading the Metal3Data %s/%s a claim waits for: %w", claim.Namespace, dataName, err)
 	}
 	f.stored = err == nil && data.DeletionTimestamp.IsZero()
-	if f.stored && r.TakeOver {
-		f.recorded = r.recordedOn(data, claim)
-		f.admittedHere = r.Admissions != nil && r.Admissions.Pending(types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data.Annotations)
-	}
-	t := timings{grace: r.GracePeriod, hold: r.HoldLimit, handOverDelay: r.HandOverDelay}
-	d := decideWaiting(f, t)
+	d := decideRelease(f, r.GracePeriod, r.HoldLimit)
 	if d.action == readDataClaim {
 		waits, err := r.dataClaimWaits(ctx, claim)
 		if err != nil {
 			// Not an error to back off from: that could keep the claim past the hold limit.
 			logger.Error(err, "Cannot read the Metal3DataClaim of a waiting claim", r.ClaimGVK.Kind, klog.KObj(claim))
-			return ctrl.Result{RequeueAfter: min(t.grace+t.hold-f.age, t.grace)}, nil
+			return ctrl.Result{RequeueAfter: min(r.GracePeriod+r.HoldLimit-f.age, r.GracePeriod)}, nil
 		}
 		f.dataClaimWaits = &waits
-		d = decideWaiting(f, t)
+		d = decideRelease(f, r.GracePeriod, r.HoldLimit)
 	}
-	switch d.action {
-	case handOverUnrecorded:
-		return ctrl.Result{}, r.handOverUnrecorded(ctx, claim, dataName)
-	case handOverRecorded:
-		return r.handOverRecorded(ctx, key, claim, data, f.age)
-	case release:
+	if d.action == release {
 		return ctrl.Result{}, r.release(ctx, key, dataName)
 	}
 	if d.why != "" {
@@ -295,24 +190,6 @@ func (r *Release) finishDeleted(ctx context.Context, claim *metav1.PartialObject
 	}
 	log.FromContext(ctx).Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
 	_, err := allocation.Finish(ctx, r.Client, claim)
-	return ctrl.Result{}, err
-}
-
-// handOverRecorded hands over all the claims the stored Metal3Data records at once, as the
-// admitting replica would: handed over one by one as each is answered, each would wake CAPM3 to
-// find the others unusable. It waits for the IPAM's answers first (see holdForAnswers).
-func (r *Release) handOverRecorded(ctx context.Context, key types.NamespacedName, claim, data *metav1.PartialObjectMetadata, age time.Duration) (ctrl.Result, error) {
-	logger := log.FromContext(ctx)
-	refs, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
-	if wait := r.holdForAnswers(ctx, key, claim.Namespace, refs, age); wait > 0 {
-		logger.V(1).Info("Leaving a claim whose Metal3Data's claims the IPAM has not all answered to its admitting replica",
-			r.ClaimGVK.Kind, klog.KObj(claim))
-		return ctrl.Result{RequeueAfter: wait}, nil
-	}
-	handed, err := handOverAll(ctx, r.Client, r.Recorder, data, refs, claim.Annotations[allocation.AdmissionAnnotation], "takeover")
-	if len(handed) > 0 {
-		logger.Info("Handed over claims their admitting replica did not", "claims", allocation.FormatClaims(handed))
-	}
 	return ctrl.Result{}, err
 }
 
@@ -348,54 +225,6 @@ func (r *Release) releaseStrays(ctx context.Context, claim *metav1.PartialObject
 	return min(strayWait, strayWait-time.Since(claim.DeletionTimestamp.Time)), nil
 }
 
-// answerGrace is how long a take-over that waited for the IPAM's answers leaves them to the
-// admitting replica, which is woken by the same answer and, alive, hands over at once: long
-// enough for its patches to reach this replica's cache, short next to the take-over delay.
-const answerGrace = time.Second
-
-// holdForAnswers returns how much longer the take-over of key waits for the IPAM (see IPAMWait):
-// while a claim the Metal3Data records still waits unanswered, at most until IPAMWait, and once
-// they are all answered after such a wait, answerGrace more. A recorded claim that is not in the
-// cache after the take-over delay was never created (CAPM3 creates it), and is not waited for.
-func (r *Release) holdForAnswers(ctx context.Context, key types.NamespacedName, namespace string, refs []allocation.ClaimRef, age time.Duration) time.Duration {
-	left := r.IPAMWait - age
-	if left <= 0 {
-		return 0
-	}
-	waiting, _ := unansweredClaims(ctx, r.Client, namespace, refs)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s, ok := r.seen[key]
-	switch {
-	case !ok:
-		return 0
-	case waiting > 0:
-		// The IPAM's answers are events here; this is the bound.
-		s.waited = true
-		r.seen[key] = s
-		return left
-	case !s.waited:
-		// Answered before the take-over delay ended: the admitting replica had that long.
-		return 0
-	}
-	now := time.Now()
-	if s.answered.IsZero() {
-		s.answered = now
-		r.seen[key] = s
-	}
-	return min(left, answerGrace-now.Sub(s.answered))
-}
-
-// ipamHandled tells whether the IPAM has handled the claim: it adds its finalizer (the Metal3
-// IPAM, and Cluster API IPAM providers their ReleaseAddress one) in the first of the two writes
-// that answer it, the status with the address or the error following in a second request. Until
-// then the IPAM may still be working from a list of claims it read before the claim was deleted,
-// and allocates for it: an IPAddress whose claim is gone, which nobody releases and which keeps
-// its namespace.
-func ipamHandled(claim metav1.Object) bool {
-	return slices.ContainsFunc(claim.GetFinalizers(), func(f string) bool { return f != infrav1.DataFinalizer })
-}
-
 // dataClaimWaits tells, from a live read, whether the Metal3DataClaim a waiting claim was planned
 // for still exists without data. CAPM3's template controller then retries the Metal3Data's create
 // under the same name (the lowest free index), and the retried admission reclaims the claim.
@@ -418,15 +247,6 @@ func (r *Release) dataClaimWaits(ctx context.Context, claim *metav1.PartialObjec
 	return dataClaim.DeletionTimestamp.IsZero() && dataClaim.Status.RenderedData == nil, nil
 }
 
-// orphanOwner is the Metal3Data owner of a claim that is being deleted with CAPM3's finalizer: if
-// that Metal3Data is gone, nobody else will remove the finalizer.
-func orphanOwner(o metav1.Object) *metav1.OwnerReference {
-	if o.GetDeletionTimestamp() == nil || !slices.Contains(o.GetFinalizers(), infrav1.DataFinalizer) {
-		return nil
-	}
-	return allocation.Metal3DataOwner(o)
-}
-
 // finishOrphan removes CAPM3's finalizer from a claim being deleted once a live read shows that
 // its Metal3Data is gone; while it exists, releasing the claim is CAPM3's, and this looks again
 // later, since the Metal3Data's disappearance is no event of the claim.
@@ -443,37 +263,6 @@ func (r *Release) finishOrphan(ctx context.Context, claim *metav1.PartialObjectM
 		"Metal3Data", klog.KRef(claim.Namespace, owner.Name))
 	_, err = allocation.FinishOrphan(ctx, r.Client, claim, owner.UID)
 	return ctrl.Result{}, err
-}
-
-func (r *Release) ref(claim *metav1.PartialObjectMetadata) allocation.ClaimRef {
-	return allocation.ClaimRef{Kind: r.ClaimGVK.Kind, Name: claim.Name}
-}
-
-// recordedOn tells whether data's record names the claim, from the admission that claimed it.
-func (r *Release) recordedOn(data, claim *metav1.PartialObjectMetadata) bool {
-	token := claim.Annotations[allocation.AdmissionAnnotation]
-	if token == "" || data.Annotations[allocation.AdmissionAnnotation] != token {
-		return false
-	}
-	recorded, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
-	return slices.Contains(recorded, r.ref(claim))
-}
-
-// handOverUnrecorded hands a claim over to the Metal3Data read live, so that the owner reference
-// carries the UID of the object that exists now.
-func (r *Release) handOverUnrecorded(ctx context.Context, claim *metav1.PartialObjectMetadata, dataName string) error {
-	data := allocation.Metadata(allocation.Metal3DataGVK)
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
-	if apierrors.IsNotFound(err) || err == nil && !data.DeletionTimestamp.IsZero() {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("reading Metal3Data %s/%s to hand a claim over: %w", claim.Namespace, dataName, err)
-	}
-	log.FromContext(ctx).Info("Handing over a claim its Metal3Data does not record", r.ClaimGVK.Kind, klog.KObj(claim))
-	_, err = handOverAll(ctx, r.Client, r.Recorder, data, []allocation.ClaimRef{r.ref(claim)},
-		claim.Annotations[allocation.AdmissionAnnotation], "takeover")
-	return err
 }
 
 // release frees a claim once live reads show it still waiting and its Metal3Data not stored.

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -72,39 +73,35 @@ func init() {
 // +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// HandOver hands the claims a replica preallocated over to their Metal3Data once it is stored and
-// they are created, and, when the IPAM is behind, once it has answered them. It runs on every
-// replica, without the lease, and acts only on the Metal3Data this replica admitted: it reacts to
-// the create event from its own metadata cache, to the end of the claims' creation and to the
-// IPAM's answers, and patches all claims at once, without reading from the API server. Release
-// (on every replica) takes over what a replica that died could not finish.
+// HandOver hands the claims preallocated for a Metal3Data over to it once it is stored. It runs
+// on every replica, without the lease, so that no hand-over waits for a new leader: at once for
+// the claims this replica's admission created and for claims the Metal3Data does not record (a
+// lost admission response), and after TakeOverDelay for the claims another replica admitted and
+// did not hand over (it died).
 //
-// Why it waits for a lagging IPAM: CAPM3 maps every event of a claim to the Metal3Data its owner
-// reference names. A claim handed over before the IPAM answers wakes CAPM3 once for the hand-over
-// and again for each of the IPAM's writes (its finalizer, then its status), each a reconcile with
-// two uncached Secret GETs that finds no address yet. Handed over once answered, the IPAM's
-// writes wake nobody, and the hand-over wakes the reconcile that renders. CAPM3 treats an IPClaim
-// not owned by its Metal3Data as it treats one without an address (requeue, no error), so a
-// reconcile that comes before the hand-over costs what it costs without the wait. When the IPAM
-// keeps up, the claims are handed over at once: CAPM3's first reconcile reads them tens of
-// milliseconds after the Metal3Data is stored, and whether it then needs another depends on the
-// IPAM having answered by then (see Admissions.IPAMWait).
+// When the IPAM is behind, the hand-over waits for its answers, at most IPAMWait: CAPM3 maps every
+// event of a claim to the Metal3Data its owner reference names, so a claim handed over before the
+// IPAM answers wakes CAPM3 again for each of the IPAM's writes, each a reconcile that finds no
+// address yet. When the IPAM keeps up, waiting would only delay CAPM3's first reconcile.
 type HandOver struct {
-	Client   client.Client
-	Recorder events.EventRecorder
-	// Admissions says what this replica admitted and, with its IPAMWait, how long a hand-over
-	// waits for the IPAM's answer when the IPAM is behind: an IPAM that is down or slow delays it
-	// no longer than that.
-	Admissions *Admissions
+	Client client.Client
+	// APIReader reads, live, the Metal3Data a claim it does not record is handed over to.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	// Admissions says what this replica admitted and whether the IPAM was behind then.
+	Admissions    *Admissions
+	TakeOverDelay time.Duration
+	// IPAMWait bounds how long a take-over waits for the IPAM to answer the claims, as the
+	// admitting replica would have.
+	IPAMWait time.Duration
+
+	seen sightings
 }
 
 // SetupWithManager registers the controller on every replica.
 func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
-	admittedHere := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return h.Admissions.Pending(client.ObjectKeyFromObject(o), o.GetAnnotations())
-	})
-	// Only the create event matters; after a restart this replica remembers no admission, so the
-	// replay of every Metal3Data writes nothing.
+	// After a restart this replica remembers no admission: the replay of every Metal3Data finds
+	// at most claims to take over.
 	createOnly := predicate.Funcs{
 		UpdateFunc:  func(event.UpdateEvent) bool { return false },
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
@@ -112,16 +109,24 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-handover").
-		For(allocation.Metadata(allocation.Metal3DataGVK), builder.WithPredicates(admittedHere, createOnly)).
+		For(allocation.Metadata(allocation.Metal3DataGVK), builder.WithPredicates(createOnly)).
 		WatchesRawSource(source.Channel(h.Admissions.Created(), &handler.EnqueueRequestForObject{}))
-	if h.Admissions.IPAMWait > 0 {
-		for _, kind := range []string{allocation.KindIPClaim, allocation.KindIPAddressClaim} {
-			b = b.Watches(wholeClaim(kind), handler.EnqueueRequestsFromMapFunc(h.admittedDataOf), builder.WithPredicates(answeredNow))
+	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
+		b = b.Watches(allocation.Metadata(gvk), handler.EnqueueRequestsFromMapFunc(dataWaitedFor), builder.WithPredicates(stillWaiting))
+		if h.IPAMWait > 0 {
+			// The metadata event of the IPAM's status write can come before the whole claim's
+			// informer holds the status: its own event ends the wait.
+			b = b.Watches(wholeClaim(gvk.Kind), handler.EnqueueRequestsFromMapFunc(dataWaitedFor), builder.WithPredicates(answeredNow))
 		}
 	}
 	return b.WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(false)}).
 		Complete(h)
 }
+
+// stillWaiting passes the events of claims that wait for a Metal3Data.
+var stillWaiting = predicate.NewPredicateFuncs(func(o client.Object) bool {
+	return phaseOf(o) == waiting
+})
 
 // wholeClaim is an empty claim of the kind, as the informers of whole claims hold it; nil for an
 // unknown kind.
@@ -135,32 +140,24 @@ func wholeClaim(kind string) client.Object {
 	return nil
 }
 
-// answeredNow passes the event in which a claim is first seen answered by the IPAM. CAPM3 is woken
-// by each of the IPAM's writes once the claim is handed over, so the hand-over waits for the
-// status, which CAPM3 reads, not the finalizer written before it; an IPAddressClaim whose pool
-// fails it is handed over by the wait's bound.
+// answeredNow passes the event in which a waiting claim is first seen answered by the IPAM: its
+// status, which CAPM3 reads, not the finalizer written before it.
 var answeredNow = predicate.Funcs{
-	CreateFunc: func(e event.CreateEvent) bool { return allocation.Answered(e.Object) },
+	CreateFunc: func(e event.CreateEvent) bool { return phaseOf(e.Object) == waiting && allocation.Answered(e.Object) },
 	UpdateFunc: func(e event.UpdateEvent) bool {
-		return !allocation.Answered(e.ObjectOld) && allocation.Answered(e.ObjectNew)
+		return phaseOf(e.ObjectNew) == waiting && !allocation.Answered(e.ObjectOld) && allocation.Answered(e.ObjectNew)
 	},
 	DeleteFunc:  func(event.DeleteEvent) bool { return false },
 	GenericFunc: func(event.GenericEvent) bool { return false },
 }
 
-// admittedDataOf maps a claim to the Metal3Data it waits for, when this replica admitted it.
-func (h *HandOver) admittedDataOf(_ context.Context, claim client.Object) []reconcile.Request {
+// dataWaitedFor maps a claim to the Metal3Data it waits for.
+func dataWaitedFor(_ context.Context, claim client.Object) []reconcile.Request {
 	name, ok := waitingFor(claim)
 	if !ok {
 		return nil
 	}
-	key := types.NamespacedName{Namespace: claim.GetNamespace(), Name: name}
-	// A waiting claim carries the admission token its Metal3Data records, which is what Pending
-	// compares.
-	if !h.Admissions.Pending(key, claim.GetAnnotations()) {
-		return nil
-	}
-	return []reconcile.Request{{NamespacedName: key}}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: claim.GetNamespace(), Name: name}}}
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -168,22 +165,103 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 	data := allocation.Metadata(allocation.Metal3DataGVK)
 	if err := h.Client.Get(ctx, req.NamespacedName, data); err != nil {
 		// Not stored yet: its create event comes back here.
+		h.seen.forget(req.NamespacedName)
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	token := data.Annotations[allocation.AdmissionAnnotation]
 	if warning := h.Admissions.TakeWarning(req.NamespacedName, token); warning != "" {
 		h.Recorder.Eventf(data, nil, corev1.EventTypeWarning, "PreallocationIncomplete", "Preallocate", "%s", warning)
 	}
-	refs, answerBy, ok := h.Admissions.Claims(req.NamespacedName, token)
-	if !ok {
-		// Not this replica's admission, or its claims are still being created: the end of their
-		// creation comes back here.
-		return ctrl.Result{}, nil
-	}
 	if !data.DeletionTimestamp.IsZero() {
 		h.Admissions.Done(req.NamespacedName, token)
+		h.seen.forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
+	claims, err := waitingClaims(ctx, h.Client, req.NamespacedName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	recorded, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
+	unrecorded := unrecordedClaims(claims, recorded, token)
+	refs, answerBy, created := h.Admissions.Claims(req.NamespacedName, token)
+	f := handOverFacts{
+		unrecorded:      len(unrecorded) > 0,
+		admitted:        created || h.Admissions.Pending(req.NamespacedName, data.Annotations),
+		created:         created,
+		recordedWaiting: len(claims) > len(unrecorded),
+		age:             h.seen.age(req.NamespacedName, data.UID, token),
+	}
+	d := decideHandOver(f, h.TakeOverDelay)
+	switch d.action {
+	case handOverUnrecorded:
+		// The rest in the next pass.
+		return ctrl.Result{Requeue: true}, h.handOverUnrecorded(ctx, req.NamespacedName, unrecorded)
+	case handOverAdmitted:
+		return h.handOverAdmitted(ctx, data, refs, answerBy, token)
+	case handOverRecorded:
+		return h.handOverRecorded(ctx, data, recorded, token, f.age)
+	}
+	return ctrl.Result{RequeueAfter: d.after}, nil
+}
+
+// waitingClaims lists, from the cache, the claims of both kinds that wait for the Metal3Data key.
+func waitingClaims(ctx context.Context, c client.Reader, key types.NamespacedName) ([]metav1.PartialObjectMetadata, error) {
+	var claims []metav1.PartialObjectMetadata
+	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
+		list := &metav1.PartialObjectMetadataList{}
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		if err := c.List(ctx, list, client.InNamespace(key.Namespace), client.MatchingFields{waitingForIndex: key.Name}); err != nil {
+			return nil, fmt.Errorf("listing the %ss waiting for Metal3Data %s: %w", gvk.Kind, key, err)
+		}
+		for i := range list.Items {
+			list.Items[i].SetGroupVersionKind(gvk)
+			if list.Items[i].DeletionTimestamp.IsZero() {
+				claims = append(claims, list.Items[i])
+			}
+		}
+	}
+	return claims, nil
+}
+
+// unrecordedClaims are the waiting claims that the Metal3Data's record, from the admission token,
+// does not name.
+func unrecordedClaims(claims []metav1.PartialObjectMetadata, recorded []allocation.ClaimRef, token string) []metav1.PartialObjectMetadata {
+	var out []metav1.PartialObjectMetadata
+	for _, claim := range claims {
+		ref := allocation.ClaimRef{Kind: claim.Kind, Name: claim.Name}
+		if token == "" || claim.Annotations[allocation.AdmissionAnnotation] != token || !slices.Contains(recorded, ref) {
+			out = append(out, claim)
+		}
+	}
+	return out
+}
+
+// handOverUnrecorded hands claims over to the Metal3Data read live, so that the owner reference
+// carries the UID of the object that exists now, not of one the cache still holds.
+func (h *HandOver) handOverUnrecorded(ctx context.Context, key types.NamespacedName, claims []metav1.PartialObjectMetadata) error {
+	data := allocation.Metadata(allocation.Metal3DataGVK)
+	err := h.APIReader.Get(ctx, key, data)
+	if apierrors.IsNotFound(err) || err == nil && !data.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading Metal3Data %s to hand claims over: %w", key, err)
+	}
+	var errs []error
+	for _, claim := range claims {
+		ref := allocation.ClaimRef{Kind: claim.Kind, Name: claim.Name}
+		handed, err := handOverAll(ctx, h.Client, h.Recorder, data, []allocation.ClaimRef{ref}, claim.Annotations[allocation.AdmissionAnnotation], "takeover")
+		if len(handed) > 0 {
+			log.FromContext(ctx).Info("Handed over a claim its Metal3Data does not record", ref.Kind, klog.KObj(&claim))
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// handOverAdmitted hands over the claims this replica's admission created, once the IPAM has
+// answered them or answerBy has passed.
+func (h *HandOver) handOverAdmitted(ctx context.Context, data *metav1.PartialObjectMetadata, refs []allocation.ClaimRef, answerBy time.Time, token string) (ctrl.Result, error) {
 	if wait := h.unanswered(ctx, data.Namespace, refs, answerBy); wait > 0 {
 		// The IPAM's answer comes back here; the requeue is the bound.
 		log.FromContext(ctx).V(1).Info("Waiting for the IPAM's answer before handing over", "limitIn", wait)
@@ -193,9 +271,58 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 	_, err := handOverAll(ctx, h.Client, h.Recorder, data, refs, token, "admission")
 	handOverSeconds.Observe(time.Since(start).Seconds())
 	if err == nil {
-		h.Admissions.Done(req.NamespacedName, token)
+		h.Admissions.Done(client.ObjectKeyFromObject(data), token)
 	}
 	return ctrl.Result{}, err
+}
+
+// handOverRecorded hands over all the claims the Metal3Data records at once, as the admitting
+// replica would: handed over one by one as each is answered, each would wake CAPM3 to find the
+// others unusable.
+func (h *HandOver) handOverRecorded(ctx context.Context, data *metav1.PartialObjectMetadata, refs []allocation.ClaimRef, token string, age time.Duration) (ctrl.Result, error) {
+	if wait := h.holdForAnswers(ctx, data, refs, age); wait > 0 {
+		log.FromContext(ctx).V(1).Info("Leaving claims the IPAM has not all answered to their admitting replica", "limitIn", wait)
+		return ctrl.Result{RequeueAfter: wait}, nil
+	}
+	handed, err := handOverAll(ctx, h.Client, h.Recorder, data, refs, token, "takeover")
+	if len(handed) > 0 {
+		log.FromContext(ctx).Info("Handed over claims their admitting replica did not", "claims", allocation.FormatClaims(handed))
+	}
+	return ctrl.Result{}, err
+}
+
+// answerGrace is how long a take-over that waited for the IPAM's answers leaves them to the
+// admitting replica, which is woken by the same answer and, alive, hands over at once.
+const answerGrace = time.Second
+
+// holdForAnswers returns how much longer the take-over waits for the IPAM: while a recorded claim
+// still waits unanswered, until IPAMWait, and once they are all answered after such a wait,
+// answerGrace more. A recorded claim that is not in the cache was never created (CAPM3 creates
+// it), and is not waited for.
+func (h *HandOver) holdForAnswers(ctx context.Context, data *metav1.PartialObjectMetadata, refs []allocation.ClaimRef, age time.Duration) time.Duration {
+	left := h.IPAMWait - age
+	if left <= 0 {
+		return 0
+	}
+	key := client.ObjectKeyFromObject(data)
+	if waiting, _ := unansweredClaims(ctx, h.Client, data.Namespace, refs); waiting > 0 {
+		if _, ok := h.seen.update(key, func(s *sighting) { s.waited = true }); ok {
+			// The IPAM's answers are events here; this is the bound.
+			return left
+		}
+		return 0
+	}
+	now := time.Now()
+	s, ok := h.seen.update(key, func(s *sighting) {
+		if s.waited && s.answered.IsZero() {
+			s.answered = now
+		}
+	})
+	if !ok || !s.waited {
+		// Answered before the take-over delay ended: the admitting replica had that long.
+		return 0
+	}
+	return min(left, answerGrace-now.Sub(s.answered))
 }
 
 // unanswered returns how much longer the hand-over waits for the IPAM: zero once the cache shows
