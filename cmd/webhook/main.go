@@ -218,27 +218,25 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	admissions := &handover.Admissions{
-		TTL: o.releaseGrace,
-		Creator: &allocation.Creator{
-			Client:    mgr.GetClient(),
-			Cache:     mgr.GetClient(),
-			APIReader: mgr.GetAPIReader(),
-		},
-		CreateTimeout: o.claimTimeout,
-		Wait:          o.claimWait,
-		IPAMWait:      o.ipamWait,
+	admissions := &handover.Admissions{TTL: o.releaseGrace}
+	creations := &handover.Creations{
+		Admissions: admissions,
+		Creator:    &allocation.Creator{Client: mgr.GetClient(), Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader()},
+		Timeout:    o.claimTimeout,
+		Wait:       o.claimWait,
+		IPAMWait:   o.ipamWait,
 	}
-	if err := mgr.Add(admissions); err != nil {
+	if err := mgr.Add(creations); err != nil {
 		return err
 	}
 	if o.ipamWait > 0 {
+		creations.IPAMLag = &handover.IPAMLag{}
 		for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
 			informer, err := mgr.GetCache().GetInformer(ctx, claim)
 			if err != nil {
 				return err
 			}
-			if _, err := informer.AddEventHandler(admissions.ClaimEvents()); err != nil {
+			if _, err := informer.AddEventHandler(creations.IPAMLag.ClaimEvents()); err != nil {
 				return err
 			}
 		}
@@ -260,7 +258,7 @@ func run(ctx context.Context, o options) error {
 			Timeout:      o.admissionTimeout,
 			Requesters:   o.requesters,
 			Deletions:    deletions,
-			OnAdmitted:   admissions.Admitted,
+			OnAdmitted:   creations.Admitted,
 		}})
 
 	if err := (&validate.Metal3DataTemplate{Reader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper()}).SetupWebhookWithManager(mgr); err != nil {
@@ -281,7 +279,7 @@ func run(ctx context.Context, o options) error {
 	}
 	if err := (&handover.HandOver{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("ip-preallocator"),
-		Admissions: admissions, TakeOverDelay: o.handOverDelay, IPAMWait: o.ipamWait,
+		Admissions: admissions, Created: creations.Created(), TakeOverDelay: o.handOverDelay, IPAMWait: o.ipamWait,
 	}).SetupWithManager(mgr, o.concurrency); err != nil {
 		return err
 	}

@@ -41,13 +41,13 @@ func planned() []allocation.Claim {
 	return allocation.Plan(data, pools, data.Name, false)
 }
 
-func newAdmissions(c client.Client) *Admissions {
-	return &Admissions{TTL: time.Minute, CreateTimeout: 5 * time.Second, Wait: 100 * time.Millisecond,
+func newCreations(c client.Client) *Creations {
+	return &Creations{Admissions: &Admissions{TTL: time.Minute}, Timeout: 5 * time.Second, Wait: 100 * time.Millisecond,
 		Creator: &allocation.Creator{Client: c, Cache: c, APIReader: c}}
 }
 
 // created waits for the end of the creation of dataKey's claims.
-func created(t *testing.T, a *Admissions) {
+func created(t *testing.T, a *Creations) {
 	t.Helper()
 	select {
 	case e := <-a.Created():
@@ -67,9 +67,9 @@ func TestAdmittedCreatesAfterTheAnswer(t *testing.T) {
 		<-release
 		return c.Create(ctx, obj, opts...)
 	}}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
-	a := newAdmissions(c)
+	a := newCreations(c)
 	recorder := events.NewFakeRecorder(10)
-	h := &HandOver{Client: c, Recorder: recorder, Admissions: a}
+	h := &HandOver{Client: c, APIReader: c, Recorder: recorder, Admissions: a.Admissions, TakeOverDelay: time.Hour}
 
 	returned := make(chan struct{})
 	go func() {
@@ -81,19 +81,19 @@ func TestAdmittedCreatesAfterTheAnswer(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Admitted waited for the creates")
 	}
-	if !a.Pending(dataKey, map[string]string{allocation.AdmissionAnnotation: "t1"}) {
+	if !a.Admissions.admittedHere(dataKey, "t1") {
 		t.Fatal("the admission is not pending")
 	}
 	// The Metal3Data's create event before the claims exist: nothing to do yet.
 	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, ok := a.Claims(dataKey, "t1"); ok {
+	if _, _, ok := a.Admissions.claims(dataKey, "t1"); ok {
 		t.Fatal("claims reported before they were created")
 	}
 	close(release)
 	created(t, a)
-	refs, _, ok := a.Claims(dataKey, "t1")
+	refs, _, ok := a.Admissions.claims(dataKey, "t1")
 	if !ok || allocation.FormatClaims(refs) != "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b" {
 		t.Fatalf("claims %v ok=%v", refs, ok)
 	}
@@ -119,9 +119,9 @@ func TestCreationFailureIsAWarningEvent(t *testing.T) {
 		}
 		return c.Create(ctx, obj, opts...)
 	}}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
-	a := newAdmissions(c)
+	a := newCreations(c)
 	recorder := events.NewFakeRecorder(10)
-	h := &HandOver{Client: c, Recorder: recorder, Admissions: a}
+	h := &HandOver{Client: c, APIReader: c, Recorder: recorder, Admissions: a.Admissions, TakeOverDelay: time.Hour}
 	a.Admitted(context.Background(), dataKey, "t1", "t1", planned(), "")
 	created(t, a)
 	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
@@ -139,7 +139,7 @@ func TestCreationFailureIsAWarningEvent(t *testing.T) {
 	if owners := ownedBy(t, c, "tmpl-0-a"); len(owners) != 1 {
 		t.Errorf("tmpl-0-a not handed over: %v", owners)
 	}
-	if _, _, ok := a.Claims(dataKey, "t1"); ok {
+	if _, _, ok := a.Admissions.claims(dataKey, "t1"); ok {
 		t.Error("the admission is still remembered after its hand-over")
 	}
 }
@@ -151,10 +151,10 @@ func TestClaimCAPM3CreatedFirstIsLeftAlone(t *testing.T) {
 	capm3s.Annotations = nil
 	capm3s.OwnerReferences = []metav1.OwnerReference{allocation.OwnerReference(metal3Data("", ""))}
 	c := newClient(interceptor.Funcs{}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), capm3s)
-	a := newAdmissions(c)
+	a := newCreations(c)
 	a.Admitted(context.Background(), dataKey, "t1", "t1", planned(), "")
 	created(t, a)
-	refs, _, _ := a.Claims(dataKey, "t1")
+	refs, _, _ := a.Admissions.claims(dataKey, "t1")
 	if allocation.FormatClaims(refs) != "IPClaim/tmpl-0-a" {
 		t.Errorf("claims to hand over %v", refs)
 	}
@@ -172,7 +172,7 @@ func TestShutdownWaitsForCreations(t *testing.T) {
 		<-release
 		return c.Create(ctx, obj, opts...)
 	}})
-	a := newAdmissions(c)
+	a := newCreations(c)
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error)
 	go func() { stopped <- a.Start(ctx) }()
@@ -221,7 +221,7 @@ func TestAdmissionWaitsUntilTheCreatesAreSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	cache := newClient(interceptor.Funcs{})
-	a := &Admissions{TTL: time.Minute, CreateTimeout: 10 * time.Second, Wait: 5 * time.Second,
+	a := &Creations{Admissions: &Admissions{TTL: time.Minute}, Timeout: 10 * time.Second, Wait: 5 * time.Second,
 		Creator: &allocation.Creator{Client: c, Cache: cache, APIReader: cache}}
 	for i, name := range []string{"tmpl-0", "tmpl-1"} {
 		start := time.Now()
@@ -237,7 +237,7 @@ func TestAdmissionWaitsUntilTheCreatesAreSent(t *testing.T) {
 		<-unsent
 		return nil
 	}})
-	a = &Admissions{TTL: time.Minute, CreateTimeout: 10 * time.Second, Wait: 200 * time.Millisecond,
+	a = &Creations{Admissions: &Admissions{TTL: time.Minute}, Timeout: 10 * time.Second, Wait: 200 * time.Millisecond,
 		Creator: &allocation.Creator{Client: held, Cache: cache, APIReader: cache}}
 	start := time.Now()
 	a.Admitted(context.Background(), dataKey, "t2", "t2", planned(), "")
@@ -252,14 +252,11 @@ func TestAdmissionWaitsUntilTheCreatesAreSent(t *testing.T) {
 // IPAMWait.
 func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 	c := newClient(interceptor.Funcs{})
-	a := newAdmissions(c)
+	a := newCreations(c)
 	a.IPAMWait = 30 * time.Second
-	claimEvents := a.ClaimEvents()
-	behind := func() bool {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return a.behind(time.Now())
-	}
+	a.IPAMLag = &IPAMLag{}
+	claimEvents := a.IPAMLag.ClaimEvents()
+	behind := func() bool { return a.IPAMLag.behind(time.Now()) }
 	admit := func(name string) time.Time {
 		t.Helper()
 		key := types.NamespacedName{Namespace: dataKey.Namespace, Name: name}
@@ -272,15 +269,15 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s: claims not created", name)
 		}
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return a.pending[key].answerBy
+		a.Admissions.mu.Lock()
+		defer a.Admissions.mu.Unlock()
+		return a.Admissions.pending[key].answerBy
 	}
 	age := func(d time.Duration) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		for k := range a.unanswered {
-			a.unanswered[k] = time.Now().Add(-d)
+		a.IPAMLag.mu.Lock()
+		defer a.IPAMLag.mu.Unlock()
+		for k := range a.IPAMLag.unanswered {
+			a.IPAMLag.unanswered[k] = time.Now().Add(-d)
 		}
 	}
 	if answerBy := admit("tmpl-0"); !answerBy.IsZero() {
@@ -320,7 +317,7 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 // answers it, whatever its kind, when it is deleted (tombstones too), and when admission did not
 // create it or its creation has no result; a claim in creation has no clock yet.
 func TestClaimEventsForgetAnswersAndDeletions(t *testing.T) {
-	a := &Admissions{TTL: time.Minute, IPAMWait: 3 * time.Second}
+	a := &IPAMLag{}
 	handler := a.ClaimEvents()
 	data := &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: dataKey.Name}}
 	claims := allocation.Plan(data, []allocation.PoolRef{
@@ -339,7 +336,7 @@ func TestClaimEventsForgetAnswersAndDeletions(t *testing.T) {
 		results[i] = allocation.Result{Claim: c, Name: c.Object.GetName(), Outcome: allocation.Created}
 	}
 	results[1].Outcome = allocation.Reused
-	a.createdClaims(claims, results)
+	a.created(claims, results)
 	unanswered := func() []string {
 		var out []string
 		for k := range a.unanswered {

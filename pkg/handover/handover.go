@@ -88,8 +88,10 @@ type HandOver struct {
 	// APIReader reads, live, the Metal3Data a claim it does not record is handed over to.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
-	// Admissions says what this replica admitted and whether the IPAM was behind then.
+	// Admissions says what this replica admitted and whether the IPAM was behind then; Created
+	// tells when an admission's claims are created.
 	Admissions    *Admissions
+	Created       <-chan event.GenericEvent
 	TakeOverDelay time.Duration
 	// IPAMWait bounds how long a take-over waits for the IPAM to answer the claims, as the
 	// admitting replica would have.
@@ -110,7 +112,7 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-handover").
 		For(allocation.Metadata(allocation.Metal3DataGVK), builder.WithPredicates(createOnly)).
-		WatchesRawSource(source.Channel(h.Admissions.Created(), &handler.EnqueueRequestForObject{}))
+		WatchesRawSource(source.Channel(h.Created, &handler.EnqueueRequestForObject{}))
 	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
 		b = b.Watches(allocation.Metadata(gvk), handler.EnqueueRequestsFromMapFunc(dataWaitedFor), builder.WithPredicates(stillWaiting))
 		if h.IPAMWait > 0 {
@@ -169,11 +171,11 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	token := data.Annotations[allocation.AdmissionAnnotation]
-	if warning := h.Admissions.TakeWarning(req.NamespacedName, token); warning != "" {
+	if warning := h.Admissions.takeWarning(req.NamespacedName, token); warning != "" {
 		h.Recorder.Eventf(data, nil, corev1.EventTypeWarning, "PreallocationIncomplete", "Preallocate", "%s", warning)
 	}
 	if !data.DeletionTimestamp.IsZero() {
-		h.Admissions.Done(req.NamespacedName, token)
+		h.Admissions.done(req.NamespacedName, token)
 		h.seen.forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
@@ -183,10 +185,10 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 	}
 	recorded, _ := allocation.ParseClaims(data.Annotations[allocation.ClaimsAnnotation])
 	unrecorded := unrecordedClaims(claims, recorded, token)
-	refs, answerBy, created := h.Admissions.Claims(req.NamespacedName, token)
+	refs, answerBy, created := h.Admissions.claims(req.NamespacedName, token)
 	f := handOverFacts{
 		unrecorded:      len(unrecorded) > 0,
-		admitted:        created || h.Admissions.Pending(req.NamespacedName, data.Annotations),
+		admitted:        created || h.Admissions.admittedHere(req.NamespacedName, token),
 		created:         created,
 		recordedWaiting: len(claims) > len(unrecorded),
 		age:             h.seen.age(req.NamespacedName, data.UID, token),
@@ -271,7 +273,7 @@ func (h *HandOver) handOverAdmitted(ctx context.Context, data *metav1.PartialObj
 	_, err := handOverAll(ctx, h.Client, h.Recorder, data, refs, token, "admission")
 	handOverSeconds.Observe(time.Since(start).Seconds())
 	if err == nil {
-		h.Admissions.Done(client.ObjectKeyFromObject(data), token)
+		h.Admissions.done(client.ObjectKeyFromObject(data), token)
 	}
 	return ctrl.Result{}, err
 }

@@ -114,7 +114,7 @@ func TestHandOverController(t *testing.T) {
 			if got := len(recorder.Events); got != tc.wantEvents {
 				t.Errorf("%d events, want %d", got, tc.wantEvents)
 			}
-			if _, _, remembered := h.Admissions.Claims(dataKey, "t1"); remembered != (tc.admittedBy == "t1" && tc.wantErr) {
+			if _, _, remembered := h.Admissions.claims(dataKey, "t1"); remembered != (tc.admittedBy == "t1" && tc.wantErr) {
 				t.Errorf("admission still remembered: %v", remembered)
 			}
 		})
@@ -249,8 +249,8 @@ func TestWarningEvent(t *testing.T) {
 	c := newClient(interceptor.Funcs{}, metal3Data("", ""))
 	recorder := events.NewFakeRecorder(10)
 	h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
-	h.Admissions.Admitted(context.Background(), dataKey, "", "", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout")
-	if !h.Admissions.Pending(dataKey, nil) {
+	(&Creations{Admissions: h.Admissions}).Admitted(context.Background(), dataKey, "", "", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout")
+	if !h.Admissions.admittedHere(dataKey, "") {
 		t.Fatal("a warning is not pending")
 	}
 	for range 2 {
@@ -264,7 +264,7 @@ func TestWarningEvent(t *testing.T) {
 	if e := <-recorder.Events; !strings.HasPrefix(e, "Warning PreallocationIncomplete") || !strings.Contains(e, "left to CAPM3") {
 		t.Errorf("event %q", e)
 	}
-	if h.Admissions.Pending(dataKey, nil) {
+	if h.Admissions.admittedHere(dataKey, "") {
 		t.Error("the admission is still remembered")
 	}
 }
@@ -278,9 +278,8 @@ func TestWarningOfAnotherAdmission(t *testing.T) {
 			c := newClient(interceptor.Funcs{}, metal3Data("t2", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
 			recorder := events.NewFakeRecorder(10)
 			h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
-			h.Admissions.init()
-			h.Admissions.pending[dataKey] = &admitted{token: token, stored: token, warning: "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout", at: time.Now()}
-			if h.Admissions.Pending(dataKey, map[string]string{allocation.AdmissionAnnotation: "t2"}) {
+			h.Admissions.admit(dataKey, &admitted{token: token, stored: token, warning: "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout", at: time.Now()})
+			if h.Admissions.admittedHere(dataKey, "t2") {
 				t.Error("pending for the Metal3Data another replica admitted")
 			}
 			if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
@@ -299,8 +298,8 @@ func TestWarningOnACopiedMetal3Data(t *testing.T) {
 	c := newClient(interceptor.Funcs{}, metal3Data("earlier-token", "IPClaim/tmpl-0-a"))
 	recorder := events.NewFakeRecorder(10)
 	h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
-	h.Admissions.Admitted(context.Background(), dataKey, "", "earlier-token", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: exists and does not belong")
-	if !h.Admissions.Pending(dataKey, map[string]string{allocation.AdmissionAnnotation: "earlier-token"}) {
+	(&Creations{Admissions: h.Admissions}).Admitted(context.Background(), dataKey, "", "earlier-token", nil, "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: exists and does not belong")
+	if !h.Admissions.admittedHere(dataKey, "earlier-token") {
 		t.Error("the warning is not pending")
 	}
 	if _, err := h.Reconcile(context.Background(), ctrl.Request{NamespacedName: dataKey}); err != nil {
@@ -313,12 +312,11 @@ func TestWarningOnACopiedMetal3Data(t *testing.T) {
 
 // createdHere records that this replica's admission token created the IPClaims names for dataKey.
 func createdHere(a *Admissions, token string, names ...string) {
-	a.init()
 	v := &admitted{token: token, stored: token, at: time.Now()}
 	for _, name := range names {
 		v.claims = append(v.claims, allocation.ClaimRef{Kind: allocation.KindIPClaim, Name: name})
 	}
-	a.pending[dataKey] = v
+	a.admit(dataKey, v)
 }
 
 func contains(list []string, s string) bool {
@@ -626,7 +624,7 @@ func TestTakeOver(t *testing.T) {
 		if res, err := h.Reconcile(ctx, req); err != nil || res.RequeueAfter != 0 || len(ownedBy(t, c, "tmpl-0-a")) != 0 {
 			t.Fatalf("admitted here, creating: %v %v owners=%v", res, err, ownedBy(t, c, "tmpl-0-a"))
 		}
-		h.Admissions.Done(dataKey, "t1")
+		h.Admissions.done(dataKey, "t1")
 		if _, err := h.Reconcile(ctx, req); err != nil || len(ownedBy(t, c, "tmpl-0-a")) != 1 {
 			t.Fatalf("no longer pending here: %v owners=%v", err, ownedBy(t, c, "tmpl-0-a"))
 		}

@@ -1,0 +1,143 @@
+package handover
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+)
+
+// Creations creates, in the background, the claims an admission recorded, and tells the
+// hand-over when they are created. It is a manager Runnable: on shutdown it lets the creations in
+// flight finish, within their timeout.
+type Creations struct {
+	Admissions *Admissions
+	Creator    *allocation.Creator
+	// Timeout bounds the creation of one admission's claims, retries included.
+	Timeout time.Duration
+	// Wait bounds how long an admission waits for its claims' create requests to be sent.
+	Wait time.Duration
+	// IPAMLag, when set, makes the hand-over of an admission made while the IPAM is behind wait
+	// up to IPAMWait for the IPAM's answers.
+	IPAMLag  *IPAMLag
+	IPAMWait time.Duration
+
+	running  sync.WaitGroup
+	once     sync.Once
+	done     chan event.GenericEvent
+	stopping chan struct{}
+}
+
+func (c *Creations) init() {
+	c.once.Do(func() {
+		c.done = make(chan event.GenericEvent, 1024)
+		c.stopping = make(chan struct{})
+	})
+}
+
+// Created delivers the Metal3Data whose claims were created, for the hand-over.
+func (c *Creations) Created() <-chan event.GenericEvent {
+	c.init()
+	return c.done
+}
+
+// Start waits for the manager to stop, then for the creations in flight.
+func (c *Creations) Start(ctx context.Context) error {
+	c.init()
+	<-ctx.Done()
+	close(c.stopping)
+	c.running.Wait()
+	return nil
+}
+
+// NeedLeaderElection is false: every replica admits.
+func (c *Creations) NeedLeaderElection() bool { return false }
+
+// Admitted records this replica's admission of the Metal3Data key (the claims it recorded under
+// the admission token, a warning for the operator, and the admission token the stored Metal3Data
+// will carry) and starts creating the claims. It returns once their create (or reclaim) requests
+// are on the wire, within Wait, or when ctx ends.
+//
+// Sending is enough: the API server stores the Metal3Data only after the answer, and CAPM3 reads
+// two Secrets and the BareMetalHost live before it creates claims, so the creates arrive first.
+// Every write admission waited for would be paid once per machine, in series, where CAPM3's
+// template controller creates the Metal3Data of a template one after another.
+func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, token, stored string, claims []allocation.Claim, warning string) {
+	c.init()
+	now := time.Now()
+	v := &admitted{token: token, stored: stored, warning: warning, at: now, creating: len(claims) > 0}
+	if len(claims) > 0 && c.IPAMLag != nil && c.IPAMLag.behind(now) {
+		v.answerBy = now.Add(c.IPAMWait)
+	}
+	c.Admissions.admit(key, v)
+	if len(claims) == 0 {
+		return
+	}
+	var onWire sync.WaitGroup
+	onWire.Add(len(claims))
+	sent := make(chan struct{})
+	go func() {
+		onWire.Wait()
+		close(sent)
+	}()
+	c.running.Go(func() {
+		c.create(key, token, claims, onWire.Done)
+	})
+	wait := time.NewTimer(c.Wait)
+	defer wait.Stop()
+	select {
+	case <-sent:
+	case <-wait.C:
+	case <-ctx.Done():
+	}
+}
+
+func (c *Creations) create(key types.NamespacedName, token string, claims []allocation.Claim, sent func()) {
+	logger := klog.Background().WithValues("Metal3Data", klog.KRef(key.Namespace, key.Name), "admission", token)
+	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
+	defer cancel()
+	var results []allocation.Result
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				logger.Error(fmt.Errorf("panic: %v", r), "Creating preallocated claims panicked")
+			}
+		}()
+		start := time.Now()
+		c.IPAMLag.track(claims)
+		defer func() { c.IPAMLag.created(claims, results) }()
+		results = c.Creator.Create(ctx, key.Name, token, claims, sent)
+		claimCreationSeconds.Observe(time.Since(start).Seconds())
+	}()
+	var (
+		refs     []allocation.ClaimRef
+		warnings []string
+	)
+	for _, r := range results {
+		claimsTotal.WithLabelValues(r.Claim.Kind(), string(r.Outcome)).Inc()
+		switch r.Outcome {
+		case allocation.Created, allocation.Reused:
+			logger.V(2).Info("Preallocated IP claim", r.Claim.Kind(), klog.KRef(key.Namespace, r.Name), "outcome", r.Outcome)
+			refs = append(refs, allocation.ClaimRef{Kind: r.Claim.Kind(), Name: r.Name})
+		default:
+			logger.Info("IP claim left to CAPM3", r.Claim.Kind(), klog.KRef(key.Namespace, r.Name), "outcome", r.Outcome, "error", r.Err)
+			warnings = append(warnings, fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %v", r.Claim.Kind(), r.Name, r.Err))
+		}
+	}
+	if len(results) < len(claims) {
+		warnings = append(warnings, "ip-preallocator: creating the claims failed; CAPM3 creates those that are missing")
+	}
+	c.Admissions.created(key, token, refs, warnings)
+	notified := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	select {
+	case c.done <- event.GenericEvent{Object: notified}:
+	case <-c.stopping:
+	}
+}
