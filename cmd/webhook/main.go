@@ -40,28 +40,37 @@ import (
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
+// What only a change of the code would tune (docs/design.md says why each is what it is).
+const (
+	// claimCreationTimeout bounds the creation of one admission's claims, retries included.
+	claimCreationTimeout = 10 * time.Second
+	// claimWait bounds how long an admission waits for its claims' create requests to be sent.
+	claimWait = 50 * time.Millisecond
+	// reusedNameHoldoff is how long after a Metal3Data is deleted a new one of its name is left to
+	// CAPM3, which releases claims by name from a cache that may lag.
+	reusedNameHoldoff = 10 * time.Second
+	// concurrency is how many objects each controller reconciles at once.
+	concurrency = 10
+)
+
 type options struct {
-	manager           flags.ManagerOptions
-	webhookHost       string
-	webhookPort       int
-	certDir           string
-	healthAddr        string
-	enableHTTP2       bool
-	leaderElect       bool
-	leaderElectionNS  string
-	bmhNameBased      bool
-	admissionTimeout  time.Duration
-	claimTimeout      time.Duration
-	claimWait         time.Duration
-	reusedNameHoldoff time.Duration
-	releaseGrace      time.Duration
-	releaseHold       time.Duration
-	handOverDelay     time.Duration
-	ipamWait          time.Duration
-	requesters        []string
-	concurrency       int
-	qps               float32
-	burst             int
+	manager          flags.ManagerOptions
+	webhookHost      string
+	webhookPort      int
+	certDir          string
+	healthAddr       string
+	enableHTTP2      bool
+	leaderElect      bool
+	leaderElectionNS string
+	bmhNameBased     bool
+	admissionTimeout time.Duration
+	releaseGrace     time.Duration
+	releaseHold      time.Duration
+	handOverDelay    time.Duration
+	ipamWait         time.Duration
+	requesters       []string
+	qps              float32
+	burst            int
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
@@ -81,11 +90,6 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"Name IPClaims <baremetalhost>-<pool> like CAPM3 with the same flag; set it exactly as CAPM3's.")
 	fs.DurationVar(&o.admissionTimeout, "admission-timeout", 3*time.Second,
 		"How long one admission may take, from the request's start; the API server's own timeout for the call, when shorter, bounds it too.")
-	fs.DurationVar(&o.claimTimeout, "claim-creation-timeout", 10*time.Second,
-		"How long creating the claims of one admitted Metal3Data may take, retries included, also after the admission answered.")
-	fs.DurationVar(&o.claimWait, "claim-wait", 50*time.Millisecond,
-		"How long admission waits for its claims' create requests to be sent (the client rate limit may hold them) before it answers anyway.")
-	// Accepted so that a Deployment that still sets it keeps starting.
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
@@ -94,11 +98,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"When the IPAM is behind (a claim this replica created has waited between 250ms and 3s for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; a take-over waits for the answers as long; 0 hands over at once.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
-	fs.DurationVar(&o.reusedNameHoldoff, "reused-name-holdoff", 10*time.Second,
-		"How long after a Metal3Data is deleted a new one of the same name is left to CAPM3: CAPM3 releases claims by name, from a cache that may lag.")
 	fs.StringSliceVar(&o.requesters, "preallocate-for-requesters", nil,
 		"Users whose Metal3Data creates get claims preallocated, e.g. the service account CAPM3 runs as; empty for everyone (transparent).")
-	fs.IntVar(&o.concurrency, "handover-concurrency", 10, "Metal3Data handed over in parallel.")
 	fs.Float32Var(&o.qps, "kube-api-qps", 100, "Requests per second to the API server, per resource type.")
 	fs.IntVar(&o.burst, "kube-api-burst", 200, "Burst of requests to the API server, per resource type.")
 }
@@ -222,8 +223,8 @@ func run(ctx context.Context, o options) error {
 	creations := &handover.Creations{
 		Admissions: admissions,
 		Creator:    &allocation.Creator{Client: mgr.GetClient(), Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader()},
-		Timeout:    o.claimTimeout,
-		Wait:       o.claimWait,
+		Timeout:    claimCreationTimeout,
+		Wait:       claimWait,
 		IPAMWait:   o.ipamWait,
 	}
 	if err := mgr.Add(creations); err != nil {
@@ -241,7 +242,7 @@ func run(ctx context.Context, o options) error {
 			}
 		}
 	}
-	deletions := &mutate.Deletions{Window: o.reusedNameHoldoff}
+	deletions := &mutate.Deletions{Window: reusedNameHoldoff}
 	dataInformer, err := mgr.GetCache().GetInformer(ctx, allocation.Metadata(allocation.Metal3DataGVK))
 	if err != nil {
 		return err
@@ -273,18 +274,18 @@ func run(ctx context.Context, o options) error {
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
 			GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, ClaimGVK: gvk,
 		}
-		if err := release.SetupWithManager(mgr, o.concurrency); err != nil {
+		if err := release.SetupWithManager(mgr, concurrency); err != nil {
 			return err
 		}
 	}
 	if err := (&handover.HandOver{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("ip-preallocator"),
 		Admissions: admissions, Created: creations.Created(), TakeOverDelay: o.handOverDelay, IPAMWait: o.ipamWait,
-	}).SetupWithManager(mgr, o.concurrency); err != nil {
+	}).SetupWithManager(mgr, concurrency); err != nil {
 		return err
 	}
 
-	if err := (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, o.concurrency); err != nil {
+	if err := (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, concurrency); err != nil {
 		return err
 	}
 
