@@ -41,10 +41,10 @@ fmt: ## Format the code.
 	gofmt -w $$(git ls-files '*.go')
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) ## golangci-lint (.golangci.yml, close to Cluster API's) on the product module; gofmt and go vet on the test module.
+lint: $(GOLANGCI_LINT) ## golangci-lint (.golangci.yml, close to Cluster API's, govet included) on both modules: the product's and the test module; gofmt on the test module.
 	$(GOLANGCI_LINT) run ./...
+	cd test && $(GOLANGCI_LINT) run --config $(CURDIR)/.golangci.yml ./...
 	@out=$$(gofmt -l test); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	cd test && go vet ./...
 
 .PHONY: verify-manifests
 verify-manifests: manifests ## Fail when the generated manifests are not committed.

@@ -78,12 +78,18 @@ func main() {
 	klog.InitFlags(nil)
 	flag.Parse()
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if _, err := run(ctx, c, os.Stdout); err != nil {
+	if err := runUntilSignal(c); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// runUntilSignal runs the benchmark, cancelled by an interrupt or SIGTERM.
+func runUntilSignal(c config) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	_, err := run(ctx, c, os.Stdout)
+	return err
 }
 
 // setting is one configuration of the controllers' client rate limits.

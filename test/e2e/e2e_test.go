@@ -91,6 +91,7 @@ func get(t *testing.T, ns string, args ...string) []object {
 }
 
 func claims(t *testing.T, ns string) []object {
+	t.Helper()
 	return get(t, ns, "ipclaims.ipam.metal3.io,ipaddressclaims.ipam.cluster.x-k8s.io")
 }
 

@@ -84,7 +84,7 @@ func addressViolations(ns string, s *namespaceState, claims map[string]*claim, o
 	for _, a := range list {
 		byName[a.kind+"/"+a.name] = a
 		if cl, ok := live[a.claimUID]; !ok || a.claimUID == "" || cl.kind != a.claimKind {
-			orphans.add("%s: %s: no live claim holds it", ns, a)
+			orphans.addf("%s: %s: no live claim holds it", ns, a)
 			continue
 		}
 		byClaimUID[a.claimUID] = append(byClaimUID[a.claimUID], a.kind+"/"+a.name)
@@ -101,27 +101,27 @@ func addressViolations(ns string, s *namespaceState, claims map[string]*claim, o
 		hold(a.key, cl.obj.GetUID())
 		if a.claimUID != "" && a.claimUID != cl.obj.GetUID() && !counted[a.key] {
 			counted[a.key] = true
-			double.add("%s: %s %s (uid %s) has address %s (%s), which is held for %s (uid %s)",
+			double.addf("%s: %s %s (uid %s) has address %s (%s), which is held for %s (uid %s)",
 				ns, cl.kind, cl.obj.GetName(), cl.obj.GetUID(), a.name, a.ip, a.claimName, a.claimUID)
 		}
 	}
 	for uid, names := range byClaimUID {
 		if len(names) > 1 {
 			sort.Strings(names)
-			double.add("%s: %s %s (uid %s) is held by IPAddresses %v", ns, live[uid].kind, live[uid].obj.GetName(), uid, names)
+			double.addf("%s: %s %s (uid %s) is held by IPAddresses %v", ns, live[uid].kind, live[uid].obj.GetName(), uid, names)
 		}
 	}
 	for _, key := range sortedKeys(holders) {
 		if uids := holders[key]; len(uids) > 1 && !counted[key] {
 			counted[key] = true
-			double.add("%s: %s is held for claims %v", ns, key, describeUIDs(uids, live))
+			double.addf("%s: %s is held for claims %v", ns, key, describeUIDs(uids, live))
 		}
 	}
 	rendered := renderedBy(s)
 	for _, a := range list {
 		if datas := rendered[a.ip]; len(datas) > 1 && !counted[a.key] {
 			counted[a.key] = true
-			double.add("%s: %s is rendered for Metal3Data %v", ns, a, datas)
+			double.addf("%s: %s is rendered for Metal3Data %v", ns, a, datas)
 		}
 	}
 }

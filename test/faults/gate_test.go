@@ -89,7 +89,10 @@ func closeGate(ctx context.Context, ns string, datas []*infrav1.Metal3Data) erro
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: gateConfigMap}, Data: data}
 	if err := cp.Client.Create(ctx, cm); apierrors.IsAlreadyExists(err) {
-		patch, _ := json.Marshal(map[string]any{"data": data})
+		patch, err := json.Marshal(map[string]any{"data": data})
+		if err != nil {
+			return err
+		}
 		err = cp.Client.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch))
 		if err != nil {
 			return err
@@ -114,7 +117,10 @@ func closeGate(ctx context.Context, ns string, datas []*infrav1.Metal3Data) erro
 // openGate lets name through from now on (the policy's parameter informer follows within
 // milliseconds; an attempt before that is rejected once more and retried).
 func openGate(ctx context.Context, ns, name string) error {
-	patch, _ := json.Marshal(map[string]any{"data": map[string]any{name: nil}})
+	patch, err := json.Marshal(map[string]any{"data": map[string]any{name: nil}})
+	if err != nil {
+		return err
+	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: gateConfigMap}}
 	return cp.Client.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch))
 }

@@ -29,7 +29,7 @@ type namedCount struct {
 
 const maxEvidence = 12
 
-func (c *namedCount) add(format string, args ...any) {
+func (c *namedCount) addf(format string, args ...any) {
 	c.n++
 	if len(c.evidence) < maxEvidence {
 		c.evidence = append(c.evidence, fmt.Sprintf(format, args...))
@@ -72,14 +72,6 @@ func (r checkResult) ok() bool {
 		}
 	}
 	return true
-}
-
-func (r checkResult) summary() string {
-	var parts []string
-	for _, c := range r.counts {
-		parts = append(parts, fmt.Sprintf("%s: %d", c.name, c.n))
-	}
-	return strings.Join(parts, ", ")
 }
 
 // namespaceState is everything the checks read of one namespace.
@@ -206,12 +198,12 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 		for i := range s.datas {
 			d := &s.datas[i]
 			if problem := renderedProblem(d, s, claims); problem != "" {
-				notReady.add("Metal3Data %s: %s", describe(d), problem)
+				notReady.addf("Metal3Data %s: %s", describe(d), problem)
 			}
 		}
 		for _, cl := range claims {
 			if cl.obj.GetDeletionTimestamp() != nil {
-				terminating.add("%s %s", cl.kind, describe(cl.obj))
+				terminating.addf("%s %s", cl.kind, describe(cl.obj))
 				continue
 			}
 			owned := false
@@ -221,7 +213,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 				}
 			}
 			if !owned {
-				noOwner.add("%s %s", cl.kind, describe(cl.obj))
+				noOwner.addf("%s %s", cl.kind, describe(cl.obj))
 			}
 		}
 		addressViolations(ns, s, claims, &orphans, &double)
@@ -232,9 +224,9 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 		byUID[a.uid] = a
 		if !a.answered() {
 			if sc.webhookFaults {
-				unansweredInfo.add("%s", a)
+				unansweredInfo.addf("%s", a)
 			} else {
-				unanswered.add("%s", a)
+				unanswered.addf("%s", a)
 			}
 		}
 	}
@@ -245,25 +237,25 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 		a, ok := byUID[rec.owner]
 		switch {
 		case !ok:
-			capm3Up.add("%s for a Metal3Data the suite did not admit (owner uid %s)", rec, rec.owner)
+			capm3Up.addf("%s for a Metal3Data the suite did not admit (owner uid %s)", rec, rec.owner)
 		case a.answered():
 			switch {
 			case leftBy(a, rec, warned[rec.namespace], logged):
 				// Left to CAPM3 by design: the webhook's create came after CAPM3's, or failed, and
 				// it said so in its log and a Warning Event (which API faults may cost), and in an
 				// admission warning when it knew at once.
-				capm3Warned.add("%s", rec)
+				capm3Warned.addf("%s", rec)
 				continue
 			case slices.Contains(a.recorded, rec.kind+"/"+rec.name):
 				// The webhook's claim of that name went away before CAPM3 used it.
 				history := recorder.named(rec.kind, rec.namespace, rec.name)
-				capm3Up.add("%s for %s; every claim of that name: %s", rec, a, history)
-				capm3Recorded.add("%s; every claim of that name: %s", rec, history)
+				capm3Up.addf("%s for %s; every claim of that name: %s", rec, a, history)
+				capm3Recorded.addf("%s; every claim of that name: %s", rec, history)
 				continue
 			}
-			capm3Up.add("%s for %s", rec, a)
+			capm3Up.addf("%s for %s", rec, a)
 		default:
-			capm3Down.add("%s for %s", rec, a)
+			capm3Down.addf("%s for %s", rec, a)
 		}
 	}
 	return checkResult{
@@ -347,7 +339,7 @@ func (sc *scenario) settle(ctx context.Context) checkResult {
 		if err != nil {
 			sc.t.Logf("check: %v", err)
 		} else if res.ok() {
-			sc.figure("invariants held %v after the last activity", time.Since(last).Round(100*time.Millisecond))
+			sc.figuref("invariants held %v after the last activity", time.Since(last).Round(100*time.Millisecond))
 			if size.name == "full" {
 				sleepUntil(ctx, deadline)
 				if res, err = sc.check(ctx); err == nil {
@@ -362,7 +354,7 @@ func (sc *scenario) settle(ctx context.Context) checkResult {
 			fewest = n
 		}
 		if time.Now().After(deadline) {
-			sc.figure("invariants did not hold %v after the last activity", time.Since(last).Round(100*time.Millisecond))
+			sc.figuref("invariants did not hold %v after the last activity", time.Since(last).Round(100*time.Millisecond))
 			return res
 		}
 		sleepUntil(ctx, time.Now().Add(2*time.Second))
@@ -445,10 +437,10 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 			if r.err != nil {
 				status = r.err.Error()
 			}
-			late.add("namespace %s: %v after deletion: %s; at %v%s", r.ns, r.took.Round(100*time.Millisecond), status, namespaceDeadline, r.remaining)
+			late.addf("namespace %s: %v after deletion: %s; at %v%s", r.ns, r.took.Round(100*time.Millisecond), status, namespaceDeadline, r.remaining)
 		}
 	}
-	sc.figure("%d namespaces deleted, the slowest in %v; %d gone only after %v, %d still there %v later",
+	sc.figuref("%d namespaces deleted, the slowest in %v; %d gone only after %v, %d still there %v later",
 		len(sc.namespaces), longest.Round(100*time.Millisecond), slow, namespaceDeadline, stuck, 30*time.Second)
 	return late
 }

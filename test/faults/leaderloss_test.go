@@ -238,7 +238,7 @@ func runLeaderLoss(ctx context.Context, sc *scenario) {
 			sc.t.Fatal(err)
 		}
 		ensureReplicas(ctx, sc.t)
-		sc.figure("the idle reference reached replica %d, which did not lead: replica %d, the leader, was restarted gracefully first, and replica %d took the lease", served, killed, served)
+		sc.figuref("the idle reference reached replica %d, which did not lead: replica %d, the leader, was restarted gracefully first, and replica %d took the lease", served, killed, served)
 		if killed, err = waitLeader(ctx, 60*time.Second); err != nil {
 			sc.t.Fatal(err)
 		}
@@ -367,7 +367,7 @@ func runLeaderLoss(ctx context.Context, sc *scenario) {
 			}
 		}
 		if owned, problem := ownedBy(ctx, x); !owned {
-			orphaned.add("%s: %s", x.a, problem)
+			orphaned.addf("%s: %s", x.a, problem)
 			continue
 		}
 		if by >= 0 {
@@ -376,12 +376,12 @@ func runLeaderLoss(ctx context.Context, sc *scenario) {
 		}
 	}
 	if len(killedOrphans) == 0 {
-		orphaned.add("the leader admitted no Metal3Data with its hand-overs held in %v before the kill: nothing to check", holdLimit)
+		orphaned.addf("the leader admitted no Metal3Data with its hand-overs held in %v before the kill: nothing to check", holdLimit)
 	}
 	notReady := namedCount{name: "measured Metal3Data not Ready within " + readyTimeout.String()}
 	for _, x := range slices.Concat(idleAll, window, killedOrphans, killedHanded) {
 		if !x.ready {
-			notReady.add("%s, admitted by replica %d", x.a, x.admitter)
+			notReady.addf("%s, admitted by replica %d", x.a, x.admitter)
 		}
 	}
 
@@ -391,10 +391,10 @@ func runLeaderLoss(ctx context.Context, sc *scenario) {
 	winP50, winMax := percentile(windowTimes, 0.5), percentile(windowTimes, 1)
 	slow := namedCount{name: "election-window time-to-Ready (p50, max) beyond the idle figures plus the noise margin"}
 	if len(windowTimes) < 5 {
-		slow.add("only %d Metal3Data admitted by the surviving replica during the election window were Ready: too few to compare", len(windowTimes))
+		slow.addf("only %d Metal3Data admitted by the surviving replica during the election window were Ready: too few to compare", len(windowTimes))
 	} else {
 		if winP50 > idleP50+margin {
-			slow.add("p50 %v > idle p50 %v + margin %v", ms(winP50), ms(idleP50), ms(margin))
+			slow.addf("p50 %v > idle p50 %v + margin %v", ms(winP50), ms(idleP50), ms(margin))
 		}
 		if winMax > idleMax+margin {
 			var slowest []string
@@ -403,19 +403,19 @@ func runLeaderLoss(ctx context.Context, sc *scenario) {
 					slowest = append(slowest, fmt.Sprintf("%s Ready in %v", x.a.key, ms(x.readyIn)))
 				}
 			}
-			slow.add("max %v > idle max %v + margin %v: %v", ms(winMax), ms(idleMax), ms(margin), slowest)
+			slow.addf("max %v > idle max %v + margin %v: %v", ms(winMax), ms(idleMax), ms(margin), slowest)
 		}
 	}
 	sc.extra = append(sc.extra, slow, orphaned, notReady)
 
-	sc.figure("replica %d led and was killed %v into the stream (its hand-overs held for the last %v); replica %d held the lease %v after the kill (lease acquired %v after it): the election window",
+	sc.figuref("replica %d led and was killed %v into the stream (its hand-overs held for the last %v); replica %d held the lease %v after the kill (lease acquired %v after it): the election window",
 		killed, ms(killAt.Sub(streamed[0].sent)), ms(killAt.Sub(holdFrom)), survivor, ms(electedAt.Sub(killAt)), ms(acquired.Sub(killAt)))
-	sc.figure("time-to-Ready (create sent to Ready with its secrets rendered), idle reference, %d Metal3Data one at a time (half before the kill, half after): p50 %v, min %v, max %v",
+	sc.figuref("time-to-Ready (create sent to Ready with its secrets rendered), idle reference, %d Metal3Data one at a time (half before the kill, half after): p50 %v, min %v, max %v",
 		len(idleTimes), ms(idleP50), ms(percentile(idleTimes, 0)), ms(idleMax))
-	sc.figure("time-to-Ready of the %d Metal3Data admitted by the surviving replica during the election window: p50 %v, max %v; allowed: p50 %v, max %v (the idle figures plus a noise margin of %v: four times the idle spread, at least twice the idle p50 and %v)",
+	sc.figuref("time-to-Ready of the %d Metal3Data admitted by the surviving replica during the election window: p50 %v, max %v; allowed: p50 %v, max %v (the idle figures plus a noise margin of %v: four times the idle spread, at least twice the idle p50 and %v)",
 		len(windowTimes), ms(winP50), ms(winMax), ms(idleP50+margin), ms(idleMax+margin), ms(margin), minMargin)
 	orphanTimes := durations(killedOrphans)
-	sc.figure("the killed leader admitted %d Metal3Data of the stream: %d handed over by itself, %d not (it died first); those were handed over %v after the kill (p50; max %v), %d by replica %d, and were Ready in p50 %v, max %v",
+	sc.figuref("the killed leader admitted %d Metal3Data of the stream: %d handed over by itself, %d not (it died first); those were handed over %v after the kill (p50; max %v), %d by replica %d, and were Ready in p50 %v, max %v",
 		len(killedHanded)+len(killedOrphans), len(killedHanded), len(killedOrphans),
 		ms(percentile(handOverAfterKill, 0.5)), ms(percentile(handOverAfterKill, 1)), byReplica[survivor], survivor,
 		ms(percentile(orphanTimes, 0.5)), ms(percentile(orphanTimes, 1)))
@@ -429,9 +429,9 @@ func runLeaderLoss(ctx context.Context, sc *scenario) {
 		}
 		perReplica = append(perReplica, fmt.Sprintf("replica %d: %d", i, n))
 	}
-	sc.figure("%d Metal3Data streamed (%d at once every %v): %d admitted by the survivor in the window, %d by the killed leader, %d unanswered (the webhook call failed open at the kill; CAPM3 created their claims), %d answered but no replica created their claims, %d others (by the survivor before the kill, or after the window); admitted before the kill: %s; %d hand-over patches of the leader held",
+	sc.figuref("%d Metal3Data streamed (%d at once every %v): %d admitted by the survivor in the window, %d by the killed leader, %d unanswered (the webhook call failed open at the kill; CAPM3 created their claims), %d answered but no replica created their claims, %d others (by the survivor before the kill, or after the window); admitted before the kill: %s; %d hand-over patches of the leader held",
 		len(streamed), leaderLossBatch, leaderLossInterval, len(window), len(killedHanded)+len(killedOrphans), len(failedOpen), len(unknown), len(others), strings.Join(perReplica, ", "), taps[killed].held.Load())
-	sc.figure("replica exits nobody caused (a lost lease, say; restarted after 1 s): %d", rs.Counts().Crashes-exitsBefore)
+	sc.figuref("replica exits nobody caused (a lost lease, say; restarted after 1 s): %d", rs.Counts().Crashes-exitsBefore)
 	sc.table = []string{
 		"| time-to-Ready (create sent to Ready, secrets rendered) | Metal3Data | p50 | max |",
 		"|---|---:|---:|---:|",

@@ -391,16 +391,18 @@ func (r *suiteReport) leaks(control bool) (stored int, counts map[string]int64) 
 func (r *suiteReport) meaning(passed bool) []string {
 	var out []string
 	if passed {
-		out = append(out, "**Every invariant held**: with the webhook, no count was above what stock CAPM3 and the IPAM")
-		out = append(out, "show under the same churn (where a baseline ran), and every other count was 0.")
+		out = append(out,
+			"**Every invariant held**: with the webhook, no count was above what stock CAPM3 and the IPAM",
+			"show under the same churn (where a baseline ran), and every other count was 0.")
 	} else {
 		out = append(out, "**Some invariants did not hold**: the scenarios and counts are below, each with its evidence.")
 	}
 	out = append(out, "")
 	stored, ours := r.leaks(false)
 	stockStored, stock := r.leaks(true)
-	out = append(out, "| over every trial | stored Metal3Data | "+strings.Join(comparedToStock, " | ")+" |")
-	out = append(out, "|---|---:|"+strings.Repeat("---:|", len(comparedToStock)))
+	out = append(out,
+		"| over every trial | stored Metal3Data | "+strings.Join(comparedToStock, " | ")+" |",
+		"|---|---:|"+strings.Repeat("---:|", len(comparedToStock)))
 	row := func(name string, n int, counts map[string]int64) string {
 		line := fmt.Sprintf("| %s | %d |", name, n)
 		for _, c := range comparedToStock {
@@ -412,12 +414,13 @@ func (r *suiteReport) meaning(passed bool) []string {
 	if stockStored > 0 {
 		out = append(out, row("stock CAPM3 and IPAM alone (the baselines)", stockStored, stock))
 	}
-	out = append(out, "")
-	out = append(out, "The baselines run only the scenarios stock has an equivalent for; the webhook's row also")
-	out = append(out, "counts the scenarios without one (Metal3Data rejected after the webhook's mutation, a leader's")
-	out = append(out, "loss). Per scenario, each count per stored Metal3Data with the webhook beside the 95% upper bound")
-	out = append(out, "of the same count per stored Metal3Data in its own baseline:")
-	out = append(out, "")
+	out = append(out,
+		"",
+		"The baselines run only the scenarios stock has an equivalent for; the webhook's row also",
+		"counts the scenarios without one (Metal3Data rejected after the webhook's mutation, a leader's",
+		"loss). Per scenario, each count per stored Metal3Data with the webhook beside the 95% upper bound",
+		"of the same count per stored Metal3Data in its own baseline:",
+		"")
 	if lines := againstBaselines(r.results, comparedToStock); len(lines) > 0 {
 		out = append(out, lines...)
 	}
@@ -564,7 +567,9 @@ func memTotal() string {
 	for _, line := range strings.Split(string(data), "\n") {
 		if strings.HasPrefix(line, "MemTotal:") {
 			var kb int64
-			fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(line, "MemTotal:")), "%d", &kb)
+			if _, err := fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(line, "MemTotal:")), "%d", &kb); err != nil {
+				return ""
+			}
 			return fmt.Sprintf("%.1f GiB memory", float64(kb)/(1<<20))
 		}
 	}

@@ -70,7 +70,7 @@ func TestFaults(t *testing.T) {
 					started := time.Now()
 					load := loadAverage()
 					s.run(ctx, sc)
-					sc.figure("load average (1 min) of the machine: %s at the start, %s after the stream", load, loadAverage())
+					sc.figuref("load average (1 min) of the machine: %s at the start, %s after the stream", load, loadAverage())
 					sc.finish(ctx, s.title, started)
 				}
 			}
@@ -110,10 +110,10 @@ func (sc *scenario) worlds(ctx context.Context, total, perNamespace int, share f
 	return worlds, all
 }
 
-// ensureReplicas restarts the replicas that are down and waits until both are ready.
 // reconnectDirectly points every replica at the API server again, as the scenarios after a
 // proxied one expect, and waits for them.
 func reconnectDirectly(ctx context.Context, t *testing.T) {
+	t.Helper()
 	rs := cp.Replicas
 	for i := range rs.Len() {
 		rs.StopReplica(i)
@@ -125,7 +125,9 @@ func reconnectDirectly(ctx context.Context, t *testing.T) {
 	ensureReplicas(ctx, t)
 }
 
+// ensureReplicas restarts the replicas that are down and waits until both are ready.
 func ensureReplicas(ctx context.Context, t *testing.T) {
+	t.Helper()
 	rs := cp.Replicas
 	for i := range rs.Len() {
 		if !rs.Running(i) {
@@ -246,7 +248,7 @@ func runKills(ctx context.Context, sc *scenario) {
 	sc.addFault("SIGKILL of the other replica (or of one while none led)", otherKills.Load())
 	sc.addFault("SIGKILL of both at once (2 kills each)", 2*bothKills.Load())
 	sc.addFault("graceful restarts of both in turn (a rollout)", int64(rs.Len())*rollouts.Load())
-	sc.figure("%d SIGKILLs over %d Metal3Data; %d restarts, %d exits nobody caused; the load balancer failed %d dials to a dead replica and found none up for %d connections",
+	sc.figuref("%d SIGKILLs over %d Metal3Data; %d restarts, %d exits nobody caused; the load balancer failed %d dials to a dead replica and found none up for %d connections",
 		after.Kills-before.Kills, len(machines), after.Restarts-before.Restarts, after.Crashes-before.Crashes,
 		lbAfter.FailedDials-lbBefore.FailedDials, lbAfter.Refused-lbBefore.Refused)
 	sc.admissionFigures()
@@ -267,7 +269,7 @@ func (sc *scenario) admissionFigures() {
 			unanswered++
 		}
 	}
-	sc.figure("%d Metal3Data stored: %d answered with every claim planned, %d with a claim left to CAPM3 (warning), %d admitted unchanged (webhook call failed); create latency p50 %v, p99 %v",
+	sc.figuref("%d Metal3Data stored: %d answered with every claim planned, %d with a claim left to CAPM3 (warning), %d admitted unchanged (webhook call failed); create latency p50 %v, p99 %v",
 		full+partial+unanswered, full, partial, unanswered,
 		percentile(latencies, 0.5).Round(time.Millisecond), percentile(latencies, 0.99).Round(time.Millisecond))
 }
@@ -280,7 +282,7 @@ func (sc *scenario) shareFigure() {
 		uids[a.uid] = true
 	}
 	preallocated, all := preallocatedShare(recorder.in(sc.namespaces), uids)
-	sc.figure("claims created by the webhook: %d of the %d the stored Metal3Data came to own (%.1f%%, by claim UID)",
+	sc.figuref("claims created by the webhook: %d of the %d the stored Metal3Data came to own (%.1f%%, by claim UID)",
 		preallocated, all, 100*float64(preallocated)/float64(max(all, 1)))
 }
 
@@ -345,7 +347,7 @@ func runGate(ctx context.Context, sc *scenario) {
 	retries.Wait()
 	sc.touch()
 	sc.addFault("Metal3Data rejected after our mutation", rejections.Load())
-	sc.figure("%d rejections of %d gated Metal3Data: %d accepted on a later attempt, %d never created again", rejections.Load(), len(rejected), accepted.Load(), notRetried.Load())
+	sc.figuref("%d rejections of %d gated Metal3Data: %d accepted on a later attempt, %d never created again", rejections.Load(), len(rejected), accepted.Load(), notRetried.Load())
 	sc.admissionFigures()
 }
 
@@ -474,7 +476,7 @@ func runRecreate(ctx context.Context, sc *scenario) {
 	}
 	sc.touch()
 	sc.addFault("Metal3Data deleted and created again under the same name", deletions.Load())
-	sc.figure("%d deletions (%d before Ready); %d creates refused while the old Metal3Data of the name still existed; deletion to new Metal3Data stored: p50 %v, max %v",
+	sc.figuref("%d deletions (%d before Ready); %d creates refused while the old Metal3Data of the name still existed; deletion to new Metal3Data stored: p50 %v, max %v",
 		deletions.Load(), beforeReady.Load(), refused.Load(), percentile(recreateTimes, 0.5).Round(100*time.Millisecond), percentile(recreateTimes, 1).Round(100*time.Millisecond))
 	sc.admissionFigures()
 }
@@ -605,7 +607,7 @@ func runNamespaces(ctx context.Context, sc *scenario) {
 	sc.touch()
 	sc.addFault("namespaces deleted while claims wait", deleted.Load())
 	sc.addFault("waiting claims deleted by hand", byHand.Load())
-	sc.figure("%d namespaces deleted with %d claims waiting in them; %d waiting claims deleted by hand, %d of their Metal3Data accepted afterwards",
+	sc.figuref("%d namespaces deleted with %d claims waiting in them; %d waiting claims deleted by hand, %d of their Metal3Data accepted afterwards",
 		deleted.Load(), waitingAtDeletion.Load(), byHand.Load(), acceptedAfter.Load())
 	sc.admissionFigures()
 }
@@ -623,7 +625,7 @@ func waitExists(ctx context.Context, obj client.Object, timeout time.Duration) {
 // again, as when the machine is deleted: while it waited for data, the Metal3Data's claims were
 // kept for CAPM3's retry.
 func deleteDataClaim(ctx context.Context, sc *scenario, m *fixtures.Machine) {
-	if err := cp.Client.Delete(ctx, m.DataClaim); client.IgnoreNotFound(err) != nil {
+	if err := client.IgnoreNotFound(cp.Client.Delete(ctx, m.DataClaim)); err != nil {
 		sc.t.Error(err)
 	}
 	sc.touch()
@@ -725,9 +727,9 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 			c := p.Counts()
 			if i == 0 {
 				c = c.Since(countsBefore)
-				sc.figure("CAPM3's and the Metal3 IPAM's API requests: %s", c)
+				sc.figuref("CAPM3's and the Metal3 IPAM's API requests: %s", c)
 			} else {
-				sc.figure("replica %d's API requests: %s", i-1, c)
+				sc.figuref("replica %d's API requests: %s", i-1, c)
 			}
 			total = total.Plus(c)
 		}
@@ -737,11 +739,11 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 		sc.addFault("requests delayed", total.Delayed)
 		if !sc.control {
 			after := rs.Counts()
-			sc.figure("replica exits nobody caused (restarted after 1 s): %d", after.Crashes-before.Crashes)
+			sc.figuref("replica exits nobody caused (restarted after 1 s): %d", after.Crashes-before.Crashes)
 		}
 		if !sc.control || size.controllerLinkFaults {
 			duringDeletion := injected() - atDeletion
-			sc.figure("faults injected while the namespaces were deleted: %d", duringDeletion)
+			sc.figuref("faults injected while the namespaces were deleted: %d", duringDeletion)
 			sc.extra = append(sc.extra, unfaultedDeletion(duringDeletion))
 		}
 	}
@@ -753,7 +755,7 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 func unfaultedDeletion(injectedDuringDeletion int64) namedCount {
 	c := namedCount{name: "namespace deletions without the API faults"}
 	if injectedDuringDeletion == 0 {
-		c.add("no fault was injected while the namespaces were deleted")
+		c.addf("no fault was injected while the namespaces were deleted")
 	}
 	return c
 }
@@ -811,7 +813,7 @@ func runConcurrent(ctx context.Context, sc *scenario) {
 	for _, a := range sc.admissions {
 		latencies = append(latencies, a.latency)
 		if a.err != nil || !sc.control && (!a.answered() || len(a.warnings) > 0) {
-			errorsCount.add("%s", a)
+			errorsCount.addf("%s", a)
 		}
 	}
 	sc.extra = append(sc.extra, errorsCount)
@@ -825,8 +827,8 @@ func runConcurrent(ctx context.Context, sc *scenario) {
 	}
 	sc.addFault("Metal3Data created at once", int64(len(machines)))
 	// A replica that exits during the burst (it lost its lease, say) restarts its metrics.
-	sc.figure("replica exits nobody caused during the burst (restarted after 1 s): %d", rs.Counts().Crashes-exits)
-	sc.figure("%d creates at once, done in %v; admission (create) latency p50 %v, p99 %v, max %v; admissions served: %s",
+	sc.figuref("replica exits nobody caused during the burst (restarted after 1 s): %d", rs.Counts().Crashes-exits)
+	sc.figuref("%d creates at once, done in %v; admission (create) latency p50 %v, p99 %v, max %v; admissions served: %s",
 		len(machines), took.Round(time.Millisecond), percentile(latencies, 0.5).Round(time.Millisecond),
 		percentile(latencies, 0.99).Round(time.Millisecond), percentile(latencies, 1).Round(time.Millisecond), strings.Join(perReplica, ", "))
 	sc.admissionFigures()

@@ -60,6 +60,7 @@ type scenario struct {
 }
 
 func newScenario(t *testing.T, name string, seed uint64) *scenario {
+	t.Helper()
 	return &scenario{t: t, name: name, rng: rand.New(rand.NewPCG(seed, uint64(time.Now().UnixNano())))}
 }
 
@@ -102,7 +103,7 @@ func (sc *scenario) addFault(name string, n int64) {
 	sc.faults = append(sc.faults, namedCount{name: name, n: n})
 }
 
-func (sc *scenario) figure(format string, args ...any) {
+func (sc *scenario) figuref(format string, args ...any) {
 	line := fmt.Sprintf(format, args...)
 	sc.t.Log(line)
 	sc.mu.Lock()
@@ -370,23 +371,6 @@ func deleteMachineData(ctx context.Context, m *fixtures.Machine) error {
 	data := &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: m.Data.Namespace, Name: m.Data.Name}}
 	if err := cp.Client.Delete(ctx, data); err != nil && !apierrors.IsNotFound(err) {
 		return err
-	}
-	return nil
-}
-
-// recreateDataClaim stores the machine's Metal3DataClaim again (it gets a new UID) and points
-// m.Data's owner reference at it, as when a machine of the same name comes back.
-func recreateDataClaim(ctx context.Context, m *fixtures.Machine) error {
-	claim := m.DataClaim.DeepCopy()
-	claim.ResourceVersion, claim.UID = "", ""
-	if err := cp.Client.Create(ctx, claim); err != nil {
-		return err
-	}
-	m.DataClaim.UID = claim.UID
-	for i := range m.Data.OwnerReferences {
-		if m.Data.OwnerReferences[i].Kind == "Metal3DataClaim" {
-			m.Data.OwnerReferences[i].UID = claim.UID
-		}
 	}
 	return nil
 }

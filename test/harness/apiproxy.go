@@ -145,9 +145,15 @@ func (p *FaultProxy) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 func writeStatus(w http.ResponseWriter, status metav1.Status) {
 	status.Kind, status.APIVersion = "Status", "v1"
+	body, err := json.Marshal(status)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(int(status.Code))
-	_ = json.NewEncoder(w).Encode(status)
+	// A failed write is the client's connection gone: nobody left to tell.
+	_, _ = w.Write(append(body, '\n'))
 }
 
 // reset aborts the connection with a TCP RST: the client sees "connection reset by peer" with

@@ -43,35 +43,45 @@ func TestFaultProxy(t *testing.T) {
 	if _, err := clientcmd.BuildConfigFromFlags("", p.Kubeconfig); err != nil {
 		t.Fatalf("the proxy's kubeconfig: %v", err)
 	}
-	get := func() (*http.Response, string, error) {
-		resp, err := (&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}).Get(p.URL + "/api")
+	// answer is what the client got: the response's status and header, and its body read.
+	type answer struct {
+		status int
+		header http.Header
+		body   string
+	}
+	get := func() (answer, error) {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, p.URL+"/api", http.NoBody)
 		if err != nil {
-			return nil, "", err
+			return answer{}, err
+		}
+		resp, err := (&http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+		if err != nil {
+			return answer{}, err
 		}
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body)
-		return resp, string(body), nil
+		return answer{status: resp.StatusCode, header: resp.Header, body: string(body)}, nil
 	}
 
-	if resp, body, err := get(); err != nil || resp.StatusCode != 200 || body != "from upstream" {
-		t.Fatalf("no faults: %v %v %q", resp, err, body)
+	if a, err := get(); err != nil || a.status != 200 || a.body != "from upstream" {
+		t.Fatalf("no faults: %+v %v", a, err)
 	}
 	p.Set(Faults{TooManyRequests: 1, RetryAfter: 2})
-	if resp, body, err := get(); err != nil || resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "2" || !strings.Contains(body, `"reason":"TooManyRequests"`) {
-		t.Errorf("429: %v %v %q", resp, err, body)
+	if a, err := get(); err != nil || a.status != 429 || a.header.Get("Retry-After") != "2" || !strings.Contains(a.body, `"reason":"TooManyRequests"`) {
+		t.Errorf("429: %+v %v", a, err)
 	}
 	p.Set(Faults{InternalError: 1})
-	if resp, body, err := get(); err != nil || resp.StatusCode != 500 || resp.Header.Get("Retry-After") != "" {
-		t.Errorf("500: %v %v %q", resp, err, body)
+	if a, err := get(); err != nil || a.status != 500 || a.header.Get("Retry-After") != "" {
+		t.Errorf("500: %+v %v", a, err)
 	}
 	p.Set(Faults{Reset: 1})
-	if _, _, err := get(); err == nil || !strings.Contains(err.Error(), "reset") && !strings.Contains(err.Error(), "EOF") {
+	if _, err := get(); err == nil || !strings.Contains(err.Error(), "reset") && !strings.Contains(err.Error(), "EOF") {
 		t.Errorf("reset: %v", err)
 	}
 	p.Set(Faults{Latency: 1, Delay: 200 * time.Millisecond})
 	start := time.Now()
-	if resp, body, err := get(); err != nil || resp.StatusCode != 200 || body != "from upstream" || time.Since(start) < 200*time.Millisecond {
-		t.Errorf("latency: %v %v %q after %v", resp, err, body, time.Since(start))
+	if a, err := get(); err != nil || a.status != 200 || a.body != "from upstream" || time.Since(start) < 200*time.Millisecond {
+		t.Errorf("latency: %+v %v after %v", a, err, time.Since(start))
 	}
 	want := FaultCounts{Requests: 5, TooManyRequests: 1, InternalError: 1, Reset: 1, Delayed: 1}
 	if got := p.Counts(); got != want {

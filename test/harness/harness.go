@@ -247,7 +247,7 @@ func ModuleDir(root, module string) (string, error) {
 	if strings.Contains(module, "@") {
 		args = []string{"mod", "download", "-json", module}
 	}
-	cmd := exec.Command("go", args...)
+	cmd := exec.CommandContext(context.Background(), "go", args...)
 	// The test module requires the controllers' modules; the product module does not.
 	cmd.Dir = filepath.Join(root, "test")
 	cmd.Env = append(os.Environ(), "GONOSUMDB=github.com/metal3-io", "GOFLAGS=-mod=mod")
@@ -270,7 +270,7 @@ func ModuleDir(root, module string) (string, error) {
 
 // render runs kustomize on a directory of the repository.
 func (cp *ControlPlane) render(path string) ([]*unstructured.Unstructured, error) {
-	out, err := exec.Command(filepath.Join(cp.Root, "bin", "kustomize"), "build", filepath.Join(cp.Root, path)).Output()
+	out, err := exec.CommandContext(context.Background(), filepath.Join(cp.Root, "bin", "kustomize"), "build", filepath.Join(cp.Root, path)).Output()
 	if err != nil {
 		return nil, fmt.Errorf("kustomize build %s: %w", path, err)
 	}
@@ -352,7 +352,8 @@ func (cp *ControlPlane) writeKubeconfig(name string, data []byte) (string, error
 
 // FreeAddr returns a loopback address with a port nobody listens on.
 func FreeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
 	}
@@ -437,7 +438,7 @@ func WebhookBinary(root string) (string, error) {
 		return path.(string), nil
 	}
 	path := filepath.Join(root, "bin", "webhook")
-	cmd := exec.Command("make", "--no-print-directory", "build", "WEBHOOK_BIN="+path)
+	cmd := exec.CommandContext(context.Background(), "make", "--no-print-directory", "build", "WEBHOOK_BIN="+path)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building the webhook: %w\n%s", err, out)
@@ -504,7 +505,11 @@ func (cp *ControlPlane) WebhookLog() string { return filepath.Join(cp.Dir, "webh
 
 // Metrics returns the webhook's Prometheus metrics text.
 func (cp *ControlPlane) Metrics() (string, error) {
-	resp, err := http.Get("http://" + cp.metricsAddr + "/metrics")
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+cp.metricsAddr+"/metrics", http.NoBody)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return "", err
 	}
@@ -532,7 +537,11 @@ func httpOK(url string) error { return healthy(http.DefaultClient, url) }
 
 // healthy tells whether a health endpoint of a process we started answers 200.
 func healthy(c *http.Client, url string) error {
-	resp, err := c.Get(url)
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, url, http.NoBody)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -45,7 +46,8 @@ const probeInterval = 100 * time.Millisecond
 
 // StartLoadBalancer listens on addr and forwards to backends.
 func StartLoadBalancer(addr string, backends []Backend) (*LoadBalancer, error) {
-	l, err := net.Listen("tcp", addr)
+	var lc net.ListenConfig
+	l, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -84,6 +86,9 @@ func (lb *LoadBalancer) serve() {
 	}
 }
 
+// backendDialer gives up on a backend after a second.
+var backendDialer = &net.Dialer{Timeout: time.Second}
+
 // dial picks a backend: ready ones first, round-robin; when none of them answers, any that does
 // (its probe may lag a restart).
 func (lb *LoadBalancer) dial() (net.Conn, *lbBackend) {
@@ -95,7 +100,7 @@ func (lb *LoadBalancer) dial() (net.Conn, *lbBackend) {
 			if readyOnly != b.ready.Load() {
 				continue
 			}
-			conn, err := net.DialTimeout("tcp", b.Addr, time.Second)
+			conn, err := backendDialer.DialContext(context.Background(), "tcp", b.Addr)
 			if err == nil {
 				return conn, b
 			}

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"io"
 	"log"
 	"net"
@@ -41,7 +42,8 @@ func StartLoopbackProxy(dir, name, upstreamKubeconfig string, serve func(w http.
 	if err != nil {
 		return nil, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +59,7 @@ func StartLoopbackProxy(dir, name, upstreamKubeconfig string, serve func(w http.
 		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	p := &LoopbackProxy{URL: "http://" + l.Addr().String()}
-	p.srv = &http.Server{ //nolint:gosec // loopback test server.
+	p.srv = &http.Server{
 		Handler:  http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { serve(w, r, proxy) }),
 		ErrorLog: log.New(io.Discard, "", 0),
 	}

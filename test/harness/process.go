@@ -25,7 +25,8 @@ func StartProcess(_ context.Context, logPath, bin string, env []string, args ...
 		return nil, err
 	}
 	startReaper()
-	cmd := exec.Command(bin, args...)
+	// Not bound to the context: the process outlives the start, until Stop ends it gracefully.
+	cmd := exec.CommandContext(context.Background(), bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group, so that an interrupt of the test does not reach it before Stop.

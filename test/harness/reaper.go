@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -44,7 +45,7 @@ func startReaper() {
 				env = append(env, kv)
 			}
 		}
-		watcher := exec.Command("sh", "-c", reapScript, "reaper", strconv.Itoa(os.Getpid()), marker)
+		watcher := exec.CommandContext(context.Background(), "sh", "-c", reapScript, "reaper", strconv.Itoa(os.Getpid()), marker)
 		watcher.Env = env
 		// Its own process group: an interrupt of the program must not end the watcher with it.
 		watcher.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

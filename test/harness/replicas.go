@@ -277,7 +277,11 @@ func leading(metrics string) bool {
 
 // Metrics returns replica i's Prometheus metrics text.
 func (rs *Replicas) Metrics(i int) (string, error) {
-	resp, err := probeClient.Get("http://" + rs.replicas[i].MetricsAddr + "/metrics")
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+rs.replicas[i].MetricsAddr+"/metrics", http.NoBody)
+	if err != nil {
+		return "", err
+	}
+	resp, err := probeClient.Do(req)
 	if err != nil {
 		return "", err
 	}

@@ -114,7 +114,7 @@ func apply(t *testing.T, dir, version string) {
 	kubectl(t, substitute(t, raw, nil), "apply", "-f", "-")
 }
 
-func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version string) ([]byte, *harness.Pod) {
+func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version string) ([]byte, *harness.Pod) { //nolint:thelper // the body of a TestLifecycle subtest, not a helper: failures should name its own lines
 	ctx := context.Background()
 	apply(t, dir, version)
 
@@ -221,7 +221,7 @@ func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 // testRenewal renews the serving certificate while Metal3Data are admitted one after another:
 // the webhook serves the new key without a restart, the caBundle stays, every admission is
 // preallocated.
-func testRenewal(t *testing.T, dep *harness.Deployment, pod *harness.Pod, w *world, caBundle []byte) {
+func testRenewal(t *testing.T, dep *harness.Deployment, pod *harness.Pod, w *world, caBundle []byte) { //nolint:thelper // the body of a TestLifecycle subtest, not a helper: failures should name its own lines
 	ctx := context.Background()
 	_, before := secretCerts(t)
 	revision := kubectl(t, nil, "get", "-n", namespace, "certificate", servingCert, "-o", "jsonpath={.status.revision}")
@@ -291,7 +291,7 @@ func testRenewal(t *testing.T, dep *harness.Deployment, pod *harness.Pod, w *wor
 
 // testUpgrade applies a new version while claims wait for Metal3Data that were never stored; the
 // new version's release controller finishes them.
-func testUpgrade(t *testing.T, dep *harness.Deployment, w *world, dir, version string) {
+func testUpgrade(t *testing.T, dep *harness.Deployment, w *world, dir, version string) { //nolint:thelper // the body of a TestLifecycle subtest, not a helper: failures should name its own lines
 	ctx := context.Background()
 	old := dep.Current()
 	rejectLabelled(t)
@@ -336,7 +336,7 @@ func testUpgrade(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 
 // testUninstall runs make undeploy while claims wait: it removes the mutating webhook, waits for
 // the release controller and only then removes the rest. No claim is left waiting.
-func testUninstall(t *testing.T, dep *harness.Deployment, w *world, dir, version string) {
+func testUninstall(t *testing.T, dep *harness.Deployment, w *world, dir, version string) { //nolint:thelper // the body of a TestLifecycle subtest, not a helper: failures should name its own lines
 	ctx := context.Background()
 	stored, err := w.admit(ctx, false)
 	if err != nil || stored.Annotations[allocation.ClaimsAnnotation] == "" {

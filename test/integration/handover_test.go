@@ -99,9 +99,12 @@ func ipamFinalizer(pool string) string {
 }
 
 // finalizers is a merge patch that sets a claim's finalizers.
-func finalizers(list []string) client.Patch {
-	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": list}})
-	return client.RawPatch(types.MergePatchType, body)
+type finalizers []string
+
+func (finalizers) Type() types.PatchType { return types.MergePatchType }
+
+func (f finalizers) Data(client.Object) ([]byte, error) {
+	return json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": []string(f)}})
 }
 
 // claimOf reads a claim of the ThreePoolTemplate by pool.

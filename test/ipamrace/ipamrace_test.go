@@ -133,6 +133,7 @@ func TestCorrectedIPAMDoesNotLeak(t *testing.T) {
 // removing the stand-in for CAPM3's finalizer a moment later, as CAPM3 releases a claim whose
 // Metal3Data goes; it returns the IPAddresses left whose claim is gone.
 func deleteWhileAnswered(t *testing.T, ns string) []string {
+	t.Helper()
 	ctx := context.Background()
 	for i := range claims {
 		claim := &ipamv1.IPClaim{
