@@ -60,15 +60,11 @@ func (c *Creations) Start(ctx context.Context) error {
 // NeedLeaderElection is false: every replica admits.
 func (c *Creations) NeedLeaderElection() bool { return false }
 
-// Admitted records this replica's admission of the Metal3Data key (the claims it recorded under
-// the admission token, a warning for the operator, and the admission token the stored Metal3Data
-// will carry) and starts creating the claims. It returns once their create (or reclaim) requests
-// are on the wire, within Wait, or when ctx ends.
-//
-// Sending is enough: the API server stores the Metal3Data only after the answer, and CAPM3 reads
-// two Secrets and the BareMetalHost live before it creates claims, so the creates arrive first.
-// Every write admission waited for would be paid once per machine, in series, where CAPM3's
-// template controller creates the Metal3Data of a template one after another.
+// Admitted records this replica's admission of the Metal3Data key and starts creating its claims.
+// It returns once their requests are on the wire, within Wait: the API server stores the
+// Metal3Data only after the answer, and CAPM3 reads two Secrets and the BareMetalHost live before
+// it creates claims, so the creates arrive first; a wait for the stored claims would be paid once
+// per machine, in series, in CAPM3's template loop.
 func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, token, stored string, claims []allocation.Claim, warning string) {
 	c.init()
 	now := time.Now()

@@ -1,6 +1,6 @@
-// Package handover holds the controllers that finish what admission started: they hand claims
-// preallocated for a Metal3Data over to it once it is stored, and release the claims of a
-// Metal3Data that never was.
+// Package handover finishes what admission started: it creates the claims an admission planned,
+// hands them over to their Metal3Data once it is stored, and releases those of a Metal3Data that
+// never was.
 package handover
 
 import (
@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -73,19 +72,16 @@ func init() {
 // +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// HandOver hands the claims preallocated for a Metal3Data over to it once it is stored. It runs
-// on every replica, without the lease, so that no hand-over waits for a new leader: at once for
-// the claims this replica's admission created and for claims the Metal3Data does not record (a
-// lost admission response), and after TakeOverDelay for the claims another replica admitted and
-// did not hand over (it died).
+// HandOver hands the claims preallocated for a Metal3Data over to it once it is stored. It runs on
+// every replica, without the lease, so that no hand-over waits for a new leader: at once for its
+// own admissions and for claims the Metal3Data does not record (a lost response), after
+// TakeOverDelay for another replica's (it died).
 //
-// When the IPAM is behind, the hand-over waits for its answers, at most IPAMWait: CAPM3 maps every
-// event of a claim to the Metal3Data its owner reference names, so a claim handed over before the
-// IPAM answers wakes CAPM3 again for each of the IPAM's writes, each a reconcile that finds no
-// address yet. When the IPAM keeps up, waiting would only delay CAPM3's first reconcile.
+// When the IPAM is behind, it waits for the IPAM's answers, at most IPAMWait: a claim handed over
+// unanswered wakes CAPM3 again for each of the IPAM's writes, each a reconcile that finds no address.
 type HandOver struct {
 	Client client.Client
-	// APIReader reads, live, the Metal3Data a claim it does not record is handed over to.
+	// APIReader reads the Metal3Data a claim it does not record is handed over to.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
 	// Admissions says what this replica admitted and whether the IPAM was behind then; Created
@@ -93,8 +89,7 @@ type HandOver struct {
 	Admissions    *Admissions
 	Created       <-chan event.GenericEvent
 	TakeOverDelay time.Duration
-	// IPAMWait bounds how long a take-over waits for the IPAM to answer the claims, as the
-	// admitting replica would have.
+	// IPAMWait bounds how long a take-over waits for the IPAM's answers, as the admitting replica would.
 	IPAMWait time.Duration
 
 	seen sightings
@@ -102,8 +97,6 @@ type HandOver struct {
 
 // SetupWithManager registers the controller on every replica.
 func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
-	// After a restart this replica remembers no admission: the replay of every Metal3Data finds
-	// at most claims to take over.
 	createOnly := predicate.Funcs{
 		UpdateFunc:  func(event.UpdateEvent) bool { return false },
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
@@ -116,8 +109,7 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
 		b = b.Watches(allocation.Metadata(gvk), handler.EnqueueRequestsFromMapFunc(dataWaitedFor), builder.WithPredicates(stillWaiting))
 		if h.IPAMWait > 0 {
-			// The metadata event of the IPAM's status write can come before the whole claim's
-			// informer holds the status: its own event ends the wait.
+			// The metadata informer can see the IPAM's status write before the whole claim's has it.
 			b = b.Watches(wholeClaim(gvk.Kind), handler.EnqueueRequestsFromMapFunc(dataWaitedFor), builder.WithPredicates(answeredNow))
 		}
 	}
@@ -130,8 +122,7 @@ var stillWaiting = predicate.NewPredicateFuncs(func(o client.Object) bool {
 	return phaseOf(o) == waiting
 })
 
-// wholeClaim is an empty claim of the kind, as the informers of whole claims hold it; nil for an
-// unknown kind.
+// wholeClaim is an empty claim of the kind; nil for an unknown kind.
 func wholeClaim(kind string) client.Object {
 	switch kind {
 	case allocation.KindIPClaim:
@@ -143,7 +134,7 @@ func wholeClaim(kind string) client.Object {
 }
 
 // answeredNow passes the event in which a waiting claim is first seen answered by the IPAM: its
-// status, which CAPM3 reads, not the finalizer written before it.
+// status, which CAPM3 reads, not its finalizer.
 var answeredNow = predicate.Funcs{
 	CreateFunc: func(e event.CreateEvent) bool { return phaseOf(e.Object) == waiting && allocation.Answered(e.Object) },
 	UpdateFunc: func(e event.UpdateEvent) bool {
@@ -166,7 +157,6 @@ func dataWaitedFor(_ context.Context, claim client.Object) []reconcile.Request {
 func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	data := allocation.Metadata(allocation.Metal3DataGVK)
 	if err := h.Client.Get(ctx, req.NamespacedName, data); err != nil {
-		// Not stored yet: its create event comes back here.
 		h.seen.forget(req.NamespacedName)
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -191,12 +181,16 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		admitted:        created || h.Admissions.admittedHere(req.NamespacedName, token),
 		created:         created,
 		recordedWaiting: len(claims) > len(unrecorded),
-		age:             h.seen.age(req.NamespacedName, data.UID, token),
+	}
+	if f.recordedWaiting {
+		f.age = h.seen.age(req.NamespacedName, data.UID, token)
+	} else {
+		h.seen.forget(req.NamespacedName)
 	}
 	d := decideHandOver(f, h.TakeOverDelay)
 	switch d.action {
 	case handOverUnrecorded:
-		// The rest in the next pass.
+		// The others in the next pass.
 		return ctrl.Result{Requeue: true}, h.handOverUnrecorded(ctx, req.NamespacedName, unrecorded)
 	case handOverAdmitted:
 		return h.handOverAdmitted(ctx, data, refs, answerBy, token)
@@ -225,8 +219,8 @@ func waitingClaims(ctx context.Context, c client.Reader, key types.NamespacedNam
 	return claims, nil
 }
 
-// unrecordedClaims are the waiting claims that the Metal3Data's record, from the admission token,
-// does not name.
+// unrecordedClaims are the waiting claims the Metal3Data's record, under its admission token, does
+// not name.
 func unrecordedClaims(claims []metav1.PartialObjectMetadata, recorded []allocation.ClaimRef, token string) []metav1.PartialObjectMetadata {
 	var out []metav1.PartialObjectMetadata
 	for _, claim := range claims {
@@ -238,8 +232,8 @@ func unrecordedClaims(claims []metav1.PartialObjectMetadata, recorded []allocati
 	return out
 }
 
-// handOverUnrecorded hands claims over to the Metal3Data read live, so that the owner reference
-// carries the UID of the object that exists now, not of one the cache still holds.
+// handOverUnrecorded hands claims over to the Metal3Data read live: the owner reference must carry
+// the UID of the object that exists now, not of one the cache still holds.
 func (h *HandOver) handOverUnrecorded(ctx context.Context, key types.NamespacedName, claims []metav1.PartialObjectMetadata) error {
 	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := h.APIReader.Get(ctx, key, data)
@@ -265,7 +259,6 @@ func (h *HandOver) handOverUnrecorded(ctx context.Context, key types.NamespacedN
 // answered them or answerBy has passed.
 func (h *HandOver) handOverAdmitted(ctx context.Context, data *metav1.PartialObjectMetadata, refs []allocation.ClaimRef, answerBy time.Time, token string) (ctrl.Result, error) {
 	if wait := h.unanswered(ctx, data.Namespace, refs, answerBy); wait > 0 {
-		// The IPAM's answer comes back here; the requeue is the bound.
 		log.FromContext(ctx).V(1).Info("Waiting for the IPAM's answer before handing over", "limitIn", wait)
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
@@ -278,9 +271,8 @@ func (h *HandOver) handOverAdmitted(ctx context.Context, data *metav1.PartialObj
 	return ctrl.Result{}, err
 }
 
-// handOverRecorded hands over all the claims the Metal3Data records at once, as the admitting
-// replica would: handed over one by one as each is answered, each would wake CAPM3 to find the
-// others unusable.
+// handOverRecorded hands over all the claims the Metal3Data records at once: handed over one by
+// one, each would wake CAPM3 to find the others unusable.
 func (h *HandOver) handOverRecorded(ctx context.Context, data *metav1.PartialObjectMetadata, refs []allocation.ClaimRef, token string, age time.Duration) (ctrl.Result, error) {
 	if wait := h.holdForAnswers(ctx, data, refs, age); wait > 0 {
 		log.FromContext(ctx).V(1).Info("Leaving claims the IPAM has not all answered to their admitting replica", "limitIn", wait)
@@ -290,17 +282,19 @@ func (h *HandOver) handOverRecorded(ctx context.Context, data *metav1.PartialObj
 	if len(handed) > 0 {
 		log.FromContext(ctx).Info("Handed over claims their admitting replica did not", "claims", allocation.FormatClaims(handed))
 	}
+	if err == nil {
+		h.seen.forget(client.ObjectKeyFromObject(data))
+	}
 	return ctrl.Result{}, err
 }
 
 // answerGrace is how long a take-over that waited for the IPAM's answers leaves them to the
-// admitting replica, which is woken by the same answer and, alive, hands over at once.
+// admitting replica, woken by the same answers.
 const answerGrace = time.Second
 
 // holdForAnswers returns how much longer the take-over waits for the IPAM: while a recorded claim
-// still waits unanswered, until IPAMWait, and once they are all answered after such a wait,
-// answerGrace more. A recorded claim that is not in the cache was never created (CAPM3 creates
-// it), and is not waited for.
+// waits unanswered, until IPAMWait; once all are answered after such a wait, answerGrace more. A
+// recorded claim not in the cache was never created, and is not waited for.
 func (h *HandOver) holdForAnswers(ctx context.Context, data *metav1.PartialObjectMetadata, refs []allocation.ClaimRef, age time.Duration) time.Duration {
 	left := h.IPAMWait - age
 	if left <= 0 {
@@ -309,7 +303,6 @@ func (h *HandOver) holdForAnswers(ctx context.Context, data *metav1.PartialObjec
 	key := client.ObjectKeyFromObject(data)
 	if waiting, _ := unansweredClaims(ctx, h.Client, data.Namespace, refs); waiting > 0 {
 		if _, ok := h.seen.update(key, func(s *sighting) { s.waited = true }); ok {
-			// The IPAM's answers are events here; this is the bound.
 			return left
 		}
 		return 0
@@ -321,16 +314,13 @@ func (h *HandOver) holdForAnswers(ctx context.Context, data *metav1.PartialObjec
 		}
 	})
 	if !ok || !s.waited {
-		// Answered before the take-over delay ended: the admitting replica had that long.
 		return 0
 	}
 	return min(left, answerGrace-now.Sub(s.answered))
 }
 
-// unanswered returns how much longer the hand-over waits for the IPAM: zero once the cache shows
-// every claim answered, being deleted, owned or failing to read (the hand-over then reports it),
-// or from answerBy on. A claim the cache does not hold yet was created moments ago, and its
-// answer is an event too.
+// unanswered returns how much longer the hand-over of an admission waits for the IPAM: until
+// answerBy, while a claim waits unanswered or is not in the cache yet.
 func (h *HandOver) unanswered(ctx context.Context, namespace string, refs []allocation.ClaimRef, answerBy time.Time) time.Duration {
 	left := time.Until(answerBy)
 	if left <= 0 {
@@ -342,10 +332,8 @@ func (h *HandOver) unanswered(ctx context.Context, namespace string, refs []allo
 	return left
 }
 
-// unansweredClaims counts, in the informer of whole claims, the claims that still wait for their
-// Metal3Data unanswered by the IPAM, and those it does not hold. A claim being deleted, owned
-// already (handed over, or CAPM3's) or failing to read counts as neither: nothing the IPAM writes
-// to it can change what the hand-over does.
+// unansweredClaims counts, in the informer of whole claims, the claims that wait unanswered by the
+// IPAM, and those it does not hold; what the IPAM writes to any other cannot change the hand-over.
 func unansweredClaims(ctx context.Context, c client.Reader, namespace string, refs []allocation.ClaimRef) (waiting, absent int) {
 	for _, ref := range refs {
 		claim := wholeClaim(ref.Kind)
@@ -362,69 +350,51 @@ func unansweredClaims(ctx context.Context, c client.Reader, namespace string, re
 	return waiting, absent
 }
 
-// handOverAll patches, concurrently, every listed claim that the cache does not show as owned by
-// data already, waits for every patch, and records an Event on data when one failed. The patches'
-// tests decide what is still waiting: a stale cache can cost a request, never a hand-over. It
-// returns the claims it handed over.
+// handOverAll hands the listed claims over to data concurrently and records an Event on data when
+// one failed. It returns the claims it handed over.
 func handOverAll(ctx context.Context, c client.Client, recorder events.EventRecorder, data *metav1.PartialObjectMetadata,
 	refs []allocation.ClaimRef, token, path string) ([]allocation.ClaimRef, error) {
-	logger := log.FromContext(ctx)
-	var (
-		mu      sync.Mutex
-		handed  []allocation.ClaimRef
-		errs    []error
-		pending sync.WaitGroup
-	)
-	for _, ref := range refs {
-		gvk, err := ref.GVK()
-		if err != nil {
-			continue
-		}
-		cached := allocation.Metadata(gvk)
-		switch err := c.Get(ctx, types.NamespacedName{Namespace: data.Namespace, Name: ref.Name}, cached); {
-		case err == nil && slices.ContainsFunc(cached.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == data.UID }):
-			continue
-		case err != nil && !apierrors.IsNotFound(err):
-			mu.Lock()
-			errs = append(errs, fmt.Errorf("%s: %w", ref, err))
-			mu.Unlock()
-			continue
-		}
-		pending.Go(func() {
-			var (
-				ok  bool
-				err error
-			)
-			defer func() {
-				if r := recover(); r != nil {
-					err = fmt.Errorf("panic: %v", r)
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case err != nil:
-					errs = append(errs, fmt.Errorf("%s: %w", ref, err))
-				case ok:
-					handOversTotal.WithLabelValues(ref.Kind, path).Inc()
-					handed = append(handed, ref)
-				}
-			}()
-			logger.V(2).Info("Handing preallocated claim over", ref.Kind, klog.KRef(data.Namespace, ref.Name))
-			ok, err = allocation.HandOver(ctx, c, data, ref, token, cached.Annotations)
-		})
+	handed, errs := make([]bool, len(refs)), make([]error, len(refs))
+	var pending sync.WaitGroup
+	for i, ref := range refs {
+		pending.Go(func() { handed[i], errs[i] = handOverOne(ctx, c, data, ref, token) })
 	}
 	pending.Wait()
-	slices.SortFunc(handed, func(a, b allocation.ClaimRef) int { return strings.Compare(a.String(), b.String()) })
-	if len(handed) > 0 {
-		// A log line, not an Event: every API write per Metal3Data costs CAPM3's template loop
-		// where the API server is the bottleneck; failures are Events.
-		logger.V(1).Info("Handed over preallocated claims", "claims", allocation.FormatClaims(handed))
+	var done []allocation.ClaimRef
+	for i, ref := range refs {
+		if errs[i] != nil {
+			errs[i] = fmt.Errorf("%s: %w", ref, errs[i])
+		} else if handed[i] {
+			handOversTotal.WithLabelValues(ref.Kind, path).Inc()
+			done = append(done, ref)
+		}
 	}
-	if len(errs) > 0 {
-		err := errors.Join(errs...)
+	if len(done) > 0 {
+		// A log line, not an Event: every write per Metal3Data costs CAPM3's template loop.
+		log.FromContext(ctx).V(1).Info("Handed over preallocated claims", "claims", allocation.FormatClaims(done))
+	}
+	if err := errors.Join(errs...); err != nil {
 		recorder.Eventf(data, nil, corev1.EventTypeWarning, "PreallocatedClaimsHandOverFailed", "HandOver",
 			"Handing over preallocated claims failed, retrying: %v", err)
-		return handed, fmt.Errorf("handing over claims of Metal3Data %s: %w", klog.KObj(data), err)
+		return done, fmt.Errorf("handing over claims of Metal3Data %s: %w", klog.KObj(data), err)
 	}
-	return handed, nil
+	return done, nil
+}
+
+// handOverOne hands a claim over unless the cache shows it owned by data already. The patch's
+// tests decide whether it still waits: a stale cache can cost a request, never a hand-over.
+func handOverOne(ctx context.Context, c client.Client, data *metav1.PartialObjectMetadata, ref allocation.ClaimRef, token string) (bool, error) {
+	gvk, err := ref.GVK()
+	if err != nil {
+		return false, nil
+	}
+	cached := allocation.Metadata(gvk)
+	switch err := c.Get(ctx, types.NamespacedName{Namespace: data.Namespace, Name: ref.Name}, cached); {
+	case err == nil && slices.ContainsFunc(cached.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == data.UID }):
+		return false, nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return false, err
+	}
+	log.FromContext(ctx).V(2).Info("Handing preallocated claim over", ref.Kind, klog.KRef(data.Namespace, ref.Name))
+	return allocation.HandOver(ctx, c, data, ref, token, cached.Annotations)
 }

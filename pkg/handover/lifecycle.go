@@ -12,10 +12,7 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// phase is where a claim is in the life the webhook gives it. An admission creates it waiting for
-// the Metal3Data it planned it for; the hand-over makes it owned (CAPM3's from then on) or the
-// release deletes it. Someone else may delete it while it waits (deleting), and a claim CAPM3
-// owns can lose its Metal3Data before CAPM3 ever finalized that one (orphaned).
+// phase is where a claim is in the life the webhook gives it (docs/design.md draws it):
 //
 //	waiting ──hand-over──▶ owned
 //	waiting ──release, namespace or person deletes it──▶ deleting ──finish──▶ gone
@@ -65,9 +62,8 @@ func orphanOwner(o metav1.Object) *metav1.OwnerReference {
 	return allocation.Metal3DataOwner(o)
 }
 
-// ipamHandled tells whether the IPAM has put its finalizer on the claim, in the first of the two
-// writes that answer it. Before that it may still allocate for the claim from a list read before
-// the claim was deleted.
+// ipamHandled tells whether the IPAM has put its finalizer on the claim, the first of the two
+// writes that answer it.
 func ipamHandled(claim metav1.Object) bool {
 	return slices.ContainsFunc(claim.GetFinalizers(), func(f string) bool { return f != infrav1.DataFinalizer })
 }
@@ -164,23 +160,20 @@ func decideRelease(f releaseFacts, grace, hold time.Duration) decision {
 		// A Metal3Data rejected for good, or an IPAM that is down, must not keep it for ever.
 		return decision{action: release}
 	case !f.ipamHandled:
-		// Deleted before the IPAM saved its finalizer, the claim can get an IPAddress nobody
-		// frees; the IPAM's answer is an event of the claim, the hold limit the bound.
+		// Deleted before the IPAM saved its finalizer, the claim can get an IPAddress nobody frees.
 		return decision{action: keep, after: grace + hold - f.age, why: "Keeping a claim the IPAM has not answered yet"}
 	case f.dataClaimWaits == nil:
 		return decision{action: readDataClaim}
 	case *f.dataClaimWaits:
-		// CAPM3 retries the Metal3Data's create under the same name, and the retry reclaims the
-		// claim; released, it would be created again under its name moments after the IPAM freed
-		// it, which the IPAM, keyed by claim name, can answer with an address it hands out twice.
+		// Released, it would be created again under its name moments after the IPAM freed it, and
+		// the IPAM, keyed by claim name, can answer with an address it hands out twice.
 		return decision{action: keep, after: grace + hold - f.age, why: "Keeping a claim whose Metal3DataClaim still waits for data"}
 	}
 	return decision{action: release}
 }
 
-// sightings remember when this replica first saw an object under its current admission: time is
-// measured on this replica's clock, so clock skew between replicas and the API server cannot
-// shorten a delay.
+// sightings remember when this replica first saw an object under its current admission: on this
+// replica's clock, so that clock skew cannot shorten a delay.
 type sightings struct {
 	mu   sync.Mutex
 	seen map[types.NamespacedName]sighting

@@ -34,26 +34,21 @@ const (
 	heldForIndex = "ip-preallocator.metal3.io/held-for"
 )
 
-// dataClaimGVK is the version the release controller watches Metal3DataClaims in.
 var dataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 
-// Release finishes, on the leader, the claims of one kind that the hand-over will not: a waiting
-// claim whose Metal3Data is not stored GracePeriod after the last admission claimed it is
-// released (after the IPAM answered it and while its Metal3DataClaim does not wait for data, for
-// at most HoldLimit more); a waiting claim someone deleted, and a claim being deleted whose
-// Metal3Data is gone, lose CAPM3's finalizer, as CAPM3 would remove it.
+// Release finishes, on the leader, the claims of one kind the hand-over will not: it releases a
+// waiting claim whose Metal3Data is not stored GracePeriod after the last admission claimed it,
+// and removes CAPM3's finalizer from a waiting claim someone deleted and from a claim whose
+// Metal3Data is gone.
 type Release struct {
 	Client client.Client
-	// APIReader confirms, live, that a Metal3Data is not stored before its claim is released,
-	// and reads the Metal3DataClaim a claim is kept for.
+	// APIReader confirms that a Metal3Data is not stored before its claim is released.
 	APIReader   client.Reader
 	GracePeriod time.Duration
 	// HoldLimit bounds how long past GracePeriod a claim is kept unanswered by the IPAM or while
-	// its Metal3DataClaim waits for data: a Metal3Data rejected for good, or an IPAM that is down,
-	// must not keep claims for ever.
+	// its Metal3DataClaim waits for data.
 	HoldLimit time.Duration
-	// ClaimGVK is the claim kind this instance watches.
-	ClaimGVK schema.GroupVersionKind
+	ClaimGVK  schema.GroupVersionKind
 
 	seen sightings
 }
@@ -96,7 +91,7 @@ func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("preallocation-release-"+r.ClaimGVK.Kind).
 		For(allocation.Metadata(r.ClaimGVK), builder.WithPredicates(waitingOrOrphaned)).
-		// A release that found its Metal3Data stored live, ahead of the cache, comes back with it.
+		// A release that found its Metal3Data stored ahead of the cache comes back with it.
 		Watches(allocation.Metadata(allocation.Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
 			builder.WithPredicates(created)).
 		// A Metal3DataClaim that gets its data or goes ends the hold of the claims planned for it.
@@ -180,10 +175,8 @@ func (r *Release) reconcileWaiting(ctx context.Context, key types.NamespacedName
 	return ctrl.Result{RequeueAfter: d.after}, nil
 }
 
-// finishDeleted removes CAPM3's finalizer from a waiting claim someone deleted. With the IPAM's
-// finalizer on it, the IPAM frees the address once ours is gone (the Metal3 IPAM deletes an
-// IPAddress only when its own is the claim's last finalizer). Without, ours keeps the claim, and
-// its name, until no IPAddress the IPAM may still make for it can stray.
+// finishDeleted removes CAPM3's finalizer from a waiting claim someone deleted, once no IPAddress
+// the IPAM may still make for it can stray.
 func (r *Release) finishDeleted(ctx context.Context, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
 	if wait, err := r.releaseStrays(ctx, claim); wait > 0 || err != nil {
 		return ctrl.Result{RequeueAfter: wait}, err
@@ -193,16 +186,13 @@ func (r *Release) finishDeleted(ctx context.Context, claim *metav1.PartialObject
 	return ctrl.Result{}, err
 }
 
-// strayWait is how long after its deletion a waiting IPClaim is kept: long enough for a pass of
-// the pool that listed the claim before the deletion to end.
+// strayWait is how long after its deletion a waiting IPClaim is kept: long enough for an IPAM
+// pass that listed the claim before the deletion to end.
 const strayWait = 10 * time.Second
 
-// releaseStrays releases the IPAddresses of a deleted waiting IPClaim that the Metal3 IPAM will
-// not free (see allocation.ClaimAddresses), and returns how much longer the claim is kept for
-// such addresses to appear. The IPAM frees one IPAddress per claim, by claim name, and only from
-// a claim it finalized: every address of a claim it never finalized strays, and so does one of
-// two its pool controllers both allocated for the claim, which only it can free. Released here,
-// all of them, the IPAM finds none left to free.
+// releaseStrays releases the IPAddresses of a deleted waiting IPClaim that the Metal3 IPAM will not
+// free, and returns how much longer the claim is kept for such addresses to appear. The IPAM frees
+// one IPAddress per claim, by name, and only from a claim it finalized.
 func (r *Release) releaseStrays(ctx context.Context, claim *metav1.PartialObjectMetadata) (time.Duration, error) {
 	if r.ClaimGVK.Kind != allocation.KindIPClaim {
 		return 0, nil
@@ -219,18 +209,14 @@ func (r *Release) releaseStrays(ctx context.Context, claim *metav1.PartialObject
 				return 0, err
 			}
 		}
-		// Until the released addresses are gone.
 		return time.Second, nil
 	}
 	return min(strayWait, strayWait-time.Since(claim.DeletionTimestamp.Time)), nil
 }
 
 // dataClaimWaits tells, from a live read, whether the Metal3DataClaim a waiting claim was planned
-// for still exists without data. CAPM3's template controller then retries the Metal3Data's create
-// under the same name (the lowest free index), and the retried admission reclaims the claim.
-// Released instead, the claim would be created again under its name moments after the old one
-// went, and the Metal3 IPAM, which keys allocations by claim name in its cache, can answer that
-// with the address it just freed and hands out again: the same address twice.
+// for still exists without data: CAPM3 then retries the Metal3Data's create under the same name,
+// and the retried admission reclaims the claim.
 func (r *Release) dataClaimWaits(ctx context.Context, claim *metav1.PartialObjectMetadata) (bool, error) {
 	name := claim.Annotations[allocation.DataClaimAnnotation]
 	if name == "" {
@@ -247,9 +233,8 @@ func (r *Release) dataClaimWaits(ctx context.Context, claim *metav1.PartialObjec
 	return dataClaim.DeletionTimestamp.IsZero() && dataClaim.Status.RenderedData == nil, nil
 }
 
-// finishOrphan removes CAPM3's finalizer from a claim being deleted once a live read shows that
-// its Metal3Data is gone; while it exists, releasing the claim is CAPM3's, and this looks again
-// later, since the Metal3Data's disappearance is no event of the claim.
+// finishOrphan removes CAPM3's finalizer from a claim being deleted once a live read shows its
+// Metal3Data gone; that is no event of the claim, so it looks again later.
 func (r *Release) finishOrphan(ctx context.Context, claim *metav1.PartialObjectMetadata, owner *metav1.OwnerReference) (ctrl.Result, error) {
 	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)

@@ -21,17 +21,12 @@ import (
 const claimUIDIndex = "ip-preallocator.metal3.io/claim-uid"
 
 // surplusAge is how old every IPAddress of a claim must be before one the claim's status does not
-// name counts as surplus: the IPAM writes a claim's status right after it creates its IPAddress,
-// so by then each pass that allocated for the claim has written its answer, and the last one
-// stands.
+// name counts as surplus: by then every pass that allocated for it has written its status.
 const surplusAge = 10 * time.Second
 
-// Surplus releases what the Metal3 IPAM allocated twice for one IPClaim the webhook created. Its
-// two IPPool controllers each work through a pool from their own list of claims; when those lists
-// differ (a pool with claims coming and going), both allocate for the same claim, and the claim's
-// status names only the last. The other IPAddress holds its address for as long as the claim
-// lives, and once the claim is deleted, the IPAM, which frees by claim name, frees only one of
-// them: the other stays for ever, with its finalizer keeping its namespace. It runs on the leader.
+// Surplus releases, on the leader, the second IPAddress the Metal3 IPAM allocated for one IPClaim
+// the webhook created: its two IPPool controllers, each from its own list of claims, can both
+// allocate for a claim, whose status names the last; the IPAM frees only one, by claim name.
 type Surplus struct {
 	// Client reads the metadata of IPAddresses from the cache, where they are indexed by claim.
 	Client client.Client
