@@ -42,6 +42,8 @@ type config struct {
 	timeout time.Duration
 	results string
 	only    string
+	// webhookArgs are extra flags for the webhook process, to measure what a setting changes.
+	webhookArgs string
 }
 
 // Default sizes, chosen so that make bench on a fresh clone, tools included (about 8 minutes
@@ -71,6 +73,7 @@ func main() {
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
+	flag.StringVar(&c.webhookArgs, "webhook-args", "", "Extra flags for the single webhook process (not the leader-loss replicas), separated by spaces, e.g. --handover-ipam-wait=0.")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./bench [flags]\n\nThe default sizes take about 10 minutes on 2 cores; the larger run (about an hour):\n  make bench BENCH_ARGS=%q\n\n", bigArgs)
 		flag.PrintDefaults()
@@ -210,6 +213,7 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	}
 	defer cp.Stop()
 	cp.StopWebhook()
+	singleWebhook = append(singleWebhook, strings.Fields(c.webhookArgs)...)
 	if err := cp.StartWebhook(ctx, singleWebhook...); err != nil {
 		return nil, err
 	}
