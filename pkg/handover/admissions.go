@@ -23,11 +23,11 @@ type Admissions struct {
 
 type admitted struct {
 	token string
-	// stored is the admission token the Metal3Data carries if it is stored from this admission.
-	stored   string
-	warning  string
-	at       time.Time
-	creating bool
+	// dataToken is the admission token the Metal3Data carries if it is stored from this admission.
+	dataToken string
+	warning   string
+	at        time.Time
+	creating  bool
 	// answerBy is when the hand-over stops waiting for the IPAM's answer; zero: it does not wait.
 	answerBy time.Time
 	// claims are the claims this replica created or reclaimed, to hand over.
@@ -77,23 +77,23 @@ func (a *Admissions) claims(key types.NamespacedName, token string) (refs []allo
 }
 
 // admittedHere tells whether anything is left to do for the Metal3Data key stored with the
-// admission token stored: only if this replica's admission left that token on it, so that a
+// admission token dataToken: only if this replica's admission left that token on it, so that a
 // warning of an admission never stored is not taken for one of a Metal3Data another replica
-// admitted with claims. (Two admissions that recorded no claims leave the same token, if any.)
-func (a *Admissions) admittedHere(key types.NamespacedName, stored string) bool {
+// admitted.
+func (a *Admissions) admittedHere(key types.NamespacedName, dataToken string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, ok := a.pending[key]
-	return ok && v.stored == stored && (v.warning != "" || v.token != "")
+	return ok && v.dataToken == dataToken && (v.warning != "" || v.token != "")
 }
 
 // takeWarning returns, once, the warning of this replica's admission of the Metal3Data key stored
-// with the admission token stored, once its claims are created.
-func (a *Admissions) takeWarning(key types.NamespacedName, stored string) string {
+// with the admission token dataToken, once its claims are created.
+func (a *Admissions) takeWarning(key types.NamespacedName, dataToken string) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v, ok := a.pending[key]
-	if !ok || v.stored != stored || v.warning == "" || v.creating {
+	if !ok || v.dataToken != dataToken || v.warning == "" || v.creating {
 		return ""
 	}
 	warning := v.warning

@@ -276,8 +276,8 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 	age := func(d time.Duration) {
 		a.IPAMLag.mu.Lock()
 		defer a.IPAMLag.mu.Unlock()
-		for k := range a.IPAMLag.unanswered {
-			a.IPAMLag.unanswered[k] = time.Now().Add(-d)
+		for k := range a.IPAMLag.inFlight {
+			a.IPAMLag.inFlight[k] = time.Now().Add(-d)
 		}
 	}
 	if answerBy := admit("tmpl-0"); !answerBy.IsZero() {
@@ -339,7 +339,7 @@ func TestClaimEventsForgetAnswersAndDeletions(t *testing.T) {
 	a.created(claims, results)
 	unanswered := func() []string {
 		var out []string
-		for k := range a.unanswered {
+		for k := range a.inFlight {
 			out = append(out, k.kind+"/"+k.Name)
 		}
 		slices.Sort(out)

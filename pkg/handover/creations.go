@@ -65,10 +65,10 @@ func (c *Creations) NeedLeaderElection() bool { return false }
 // Metal3Data only after the answer, and CAPM3 reads two Secrets and the BareMetalHost live before
 // it creates claims, so the creates arrive first; a wait for the stored claims would be paid once
 // per machine, in series, in CAPM3's template loop.
-func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, token, stored string, claims []allocation.Claim, warning string) {
+func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, token, dataToken string, claims []allocation.Claim, warning string) {
 	c.init()
 	now := time.Now()
-	v := &admitted{token: token, stored: stored, warning: warning, at: now, creating: len(claims) > 0}
+	v := &admitted{token: token, dataToken: dataToken, warning: warning, at: now, creating: len(claims) > 0}
 	if len(claims) > 0 && c.IPAMLag != nil && c.IPAMLag.behind(now) {
 		v.answerBy = now.Add(c.IPAMWait)
 	}

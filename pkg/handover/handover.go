@@ -258,7 +258,7 @@ func (h *HandOver) handOverUnrecorded(ctx context.Context, key types.NamespacedN
 // handOverAdmitted hands over the claims this replica's admission created, once the IPAM has
 // answered them or answerBy has passed.
 func (h *HandOver) handOverAdmitted(ctx context.Context, data *metav1.PartialObjectMetadata, refs []allocation.ClaimRef, answerBy time.Time, token string) (ctrl.Result, error) {
-	if wait := h.unanswered(ctx, data.Namespace, refs, answerBy); wait > 0 {
+	if wait := h.waitForAnswers(ctx, data.Namespace, refs, answerBy); wait > 0 {
 		log.FromContext(ctx).V(1).Info("Waiting for the IPAM's answer before handing over", "limitIn", wait)
 		return ctrl.Result{RequeueAfter: wait}, nil
 	}
@@ -319,9 +319,9 @@ func (h *HandOver) holdForAnswers(ctx context.Context, data *metav1.PartialObjec
 	return min(left, answerGrace-now.Sub(s.answered))
 }
 
-// unanswered returns how much longer the hand-over of an admission waits for the IPAM: until
+// waitForAnswers returns how much longer the hand-over of an admission waits for the IPAM: until
 // answerBy, while a claim waits unanswered or is not in the cache yet.
-func (h *HandOver) unanswered(ctx context.Context, namespace string, refs []allocation.ClaimRef, answerBy time.Time) time.Duration {
+func (h *HandOver) waitForAnswers(ctx context.Context, namespace string, refs []allocation.ClaimRef, answerBy time.Time) time.Duration {
 	left := time.Until(answerBy)
 	if left <= 0 {
 		return 0

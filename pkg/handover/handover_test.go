@@ -278,7 +278,7 @@ func TestWarningOfAnotherAdmission(t *testing.T) {
 			c := newClient(interceptor.Funcs{}, metal3Data("t2", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
 			recorder := events.NewFakeRecorder(10)
 			h := &HandOver{Client: c, Recorder: recorder, Admissions: &Admissions{TTL: time.Minute}}
-			h.Admissions.admit(dataKey, &admitted{token: token, stored: token, warning: "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout", at: time.Now()})
+			h.Admissions.admit(dataKey, &admitted{token: token, dataToken: token, warning: "ip-preallocator: IPClaim tmpl-0-a left to CAPM3: timeout", at: time.Now()})
 			if h.Admissions.admittedHere(dataKey, "t2") {
 				t.Error("pending for the Metal3Data another replica admitted")
 			}
@@ -312,7 +312,7 @@ func TestWarningOnACopiedMetal3Data(t *testing.T) {
 
 // createdHere records that this replica's admission token created the IPClaims names for dataKey.
 func createdHere(a *Admissions, token string, names ...string) {
-	v := &admitted{token: token, stored: token, at: time.Now()}
+	v := &admitted{token: token, dataToken: token, at: time.Now()}
 	for _, name := range names {
 		v.claims = append(v.claims, allocation.ClaimRef{Kind: allocation.KindIPClaim, Name: name})
 	}

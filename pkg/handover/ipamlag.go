@@ -26,9 +26,9 @@ const ipamGivenUp = 3 * time.Second
 // than ipamBehind for its answer since its create returned. A nil IPAMLag is never behind.
 type IPAMLag struct {
 	mu sync.Mutex
-	// unanswered are the claims this replica created that the IPAM has not answered yet, with
+	// inFlight are the claims this replica created that the IPAM has not answered yet, with
 	// when their create returned (zero while it is in flight).
-	unanswered map[claimKey]time.Time
+	inFlight map[claimKey]time.Time
 }
 
 // claimKey names a claim: its kind and its object key.
@@ -56,12 +56,12 @@ func (l *IPAMLag) track(claims []allocation.Claim) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.unanswered == nil {
-		l.unanswered = map[claimKey]time.Time{}
+	if l.inFlight == nil {
+		l.inFlight = map[claimKey]time.Time{}
 	}
 	for _, c := range claims {
 		if k, ok := claimKeyOf(c.Object); ok {
-			l.unanswered[k] = time.Time{}
+			l.inFlight[k] = time.Time{}
 		}
 	}
 }
@@ -87,10 +87,10 @@ func (l *IPAMLag) created(claims []allocation.Claim, results []allocation.Result
 		if !ok {
 			continue
 		}
-		if _, waiting := l.unanswered[k]; waiting && created[k] {
-			l.unanswered[k] = now
+		if _, waiting := l.inFlight[k]; waiting && created[k] {
+			l.inFlight[k] = now
 		} else {
-			delete(l.unanswered, k)
+			delete(l.inFlight, k)
 		}
 	}
 }
@@ -103,11 +103,11 @@ func (l *IPAMLag) behind(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	lagging := false
-	for k, at := range l.unanswered {
+	for k, at := range l.inFlight {
 		switch {
 		case at.IsZero():
 		case now.Sub(at) > ipamGivenUp:
-			delete(l.unanswered, k)
+			delete(l.inFlight, k)
 		case now.Sub(at) > ipamBehind:
 			lagging = true
 		}
@@ -129,7 +129,7 @@ func (l *IPAMLag) ClaimEvents() toolscache.ResourceEventHandler {
 		if k, ok := claimKeyOf(claim); ok {
 			l.mu.Lock()
 			defer l.mu.Unlock()
-			delete(l.unanswered, k)
+			delete(l.inFlight, k)
 		}
 	}
 	seen := func(obj any) {

@@ -62,9 +62,9 @@ func orphanOwner(o metav1.Object) *metav1.OwnerReference {
 	return allocation.Metal3DataOwner(o)
 }
 
-// ipamHandled tells whether the IPAM has put its finalizer on the claim, the first of the two
+// ipamFinalized tells whether the IPAM has put its finalizer on the claim, the first of the two
 // writes that answer it.
-func ipamHandled(claim metav1.Object) bool {
+func ipamFinalized(claim metav1.Object) bool {
 	return slices.ContainsFunc(claim.GetFinalizers(), func(f string) bool { return f != infrav1.DataFinalizer })
 }
 
@@ -140,8 +140,8 @@ type releaseFacts struct {
 	stored bool
 	// age is how long this replica has seen the claim under its current admission.
 	age time.Duration
-	// ipamHandled: the IPAM has put its finalizer on the claim.
-	ipamHandled bool
+	// ipamFinalized: the IPAM has put its finalizer on the claim.
+	ipamFinalized bool
 	// dataClaimWaits: the Metal3DataClaim the claim was planned for waits for data; nil until read.
 	dataClaimWaits *bool
 }
@@ -159,7 +159,7 @@ func decideRelease(f releaseFacts, grace, hold time.Duration) decision {
 	case f.age >= grace+hold:
 		// A Metal3Data rejected for good, or an IPAM that is down, must not keep it for ever.
 		return decision{action: release}
-	case !f.ipamHandled:
+	case !f.ipamFinalized:
 		// Deleted before the IPAM saved its finalizer, the claim can get an IPAddress nobody frees.
 		return decision{action: keep, after: grace + hold - f.age, why: "Keeping a claim the IPAM has not answered yet"}
 	case f.dataClaimWaits == nil:

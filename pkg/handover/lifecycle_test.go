@@ -67,12 +67,12 @@ func TestDecideRelease(t *testing.T) {
 		{"stored", releaseFacts{stored: true, age: time.Hour}, decision{action: keep, after: 120 * time.Second}},
 		{"within the grace period", releaseFacts{age: 20 * time.Second}, decision{action: keep, after: 100 * time.Second}},
 		{"unanswered, within the hold", releaseFacts{age: 200 * time.Second}, decision{action: keep, after: 520 * time.Second, why: "Keeping a claim the IPAM has not answered yet"}},
-		{"answered, Metal3DataClaim not read", releaseFacts{age: 200 * time.Second, ipamHandled: true}, decision{action: readDataClaim}},
-		{"answered, Metal3DataClaim waits", releaseFacts{age: 200 * time.Second, ipamHandled: true, dataClaimWaits: &yes},
+		{"answered, Metal3DataClaim not read", releaseFacts{age: 200 * time.Second, ipamFinalized: true}, decision{action: readDataClaim}},
+		{"answered, Metal3DataClaim waits", releaseFacts{age: 200 * time.Second, ipamFinalized: true, dataClaimWaits: &yes},
 			decision{action: keep, after: 520 * time.Second, why: "Keeping a claim whose Metal3DataClaim still waits for data"}},
-		{"answered, Metal3DataClaim does not wait", releaseFacts{age: 200 * time.Second, ipamHandled: true, dataClaimWaits: &no}, decision{action: release}},
+		{"answered, Metal3DataClaim does not wait", releaseFacts{age: 200 * time.Second, ipamFinalized: true, dataClaimWaits: &no}, decision{action: release}},
 		{"unanswered, past the hold", releaseFacts{age: 720 * time.Second}, decision{action: release}},
-		{"Metal3DataClaim waits, past the hold", releaseFacts{age: 720 * time.Second, ipamHandled: true, dataClaimWaits: &yes}, decision{action: release}},
+		{"Metal3DataClaim waits, past the hold", releaseFacts{age: 720 * time.Second, ipamFinalized: true, dataClaimWaits: &yes}, decision{action: release}},
 	} {
 		if got := decideRelease(tc.f, grace, hold); got != tc.want {
 			t.Errorf("%s: %+v (%v), want %+v (%v)", tc.name, got, got.action, tc.want, tc.want.action)

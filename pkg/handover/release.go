@@ -148,7 +148,7 @@ func (r *Release) reconcileWaiting(ctx context.Context, key types.NamespacedName
 	dataName, _ := waitingFor(claim)
 	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(claim.Namespace, dataName))
 	ctx = log.IntoContext(ctx, logger)
-	f := releaseFacts{age: r.seen.age(key, claim.UID, claim.Annotations[allocation.AdmissionAnnotation]), ipamHandled: ipamHandled(claim)}
+	f := releaseFacts{age: r.seen.age(key, claim.UID, claim.Annotations[allocation.AdmissionAnnotation]), ipamFinalized: ipamFinalized(claim)}
 	data := allocation.Metadata(allocation.Metal3DataGVK)
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -201,7 +201,7 @@ func (r *Release) releaseStrays(ctx context.Context, claim *metav1.PartialObject
 	if err != nil {
 		return 0, err
 	}
-	if len(addresses) > 1 || len(addresses) == 1 && !ipamHandled(claim) {
+	if len(addresses) > 1 || len(addresses) == 1 && !ipamFinalized(claim) {
 		for i := range addresses {
 			log.FromContext(ctx).Info("Releasing an IPAddress of a deleted waiting claim that the IPAM would not free",
 				r.ClaimGVK.Kind, klog.KObj(claim), "IPAddress", klog.KObj(&addresses[i]), "addresses", len(addresses))
