@@ -14,8 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
-// registerCacheSizes exports how many objects of each kind the informer cache holds, counted
-// when scraped, so that operators see what the webhook keeps in memory.
+// registerCacheSizes exports, when scraped, how many objects of each kind the informer cache holds.
 func registerCacheSizes(c cache.Cache, scheme *runtime.Scheme, objs []client.Object) error {
 	for _, obj := range objs {
 		gvk, err := apiutil.GVKForObject(obj, scheme)

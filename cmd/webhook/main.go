@@ -46,8 +46,7 @@ const (
 	claimCreationTimeout = 10 * time.Second
 	// claimWait bounds how long an admission waits for its claims' create requests to be sent.
 	claimWait = 50 * time.Millisecond
-	// reusedNameHoldoff is how long after a Metal3Data is deleted a new one of its name is left to
-	// CAPM3, which releases claims by name from a cache that may lag.
+	// reusedNameHoldoff leaves a deleted Metal3Data's name to CAPM3, whose lagging cache releases by name.
 	reusedNameHoldoff = 10 * time.Second
 	// concurrency is how many objects each controller reconciles at once.
 	concurrency = 10
@@ -126,9 +125,8 @@ func main() {
 	}
 }
 
-// checkFlags refuses flag values the webhook cannot work with. A --handover-ipam-wait above
-// --release-grace-period works: the replica forgets the admission meanwhile, and the take-over,
-// which waits for the same answers, hands the claims over.
+// checkFlags refuses flag values the webhook cannot work with. An IPAM wait above the grace period
+// works: the take-over waits for the same answers.
 func (o *options) checkFlags() error {
 	if o.ipamWait < 0 {
 		return fmt.Errorf("--handover-ipam-wait (%s) must not be negative", o.ipamWait)
@@ -136,11 +134,8 @@ func (o *options) checkFlags() error {
 	return nil
 }
 
-// cached lists what the admission path, the hand-over and the surplus release (IPAddress
-// metadata) read, all through the cache; only the
-// Metal3DataTemplate, Metal3Machine and Cluster are read beyond their metadata, and the claims'
-// status, which the hand-over waits for (the IPAM's answer), from a second informer of each kind
-// (with the IPAMWait off, only its metadata one runs).
+// cached lists what is read through the cache: metadata, but for the template, Metal3Machine and
+// Cluster, and with ipamWait the claims' status, which the hand-over waits for.
 func cached(ipamWait bool) []client.Object {
 	objs := []client.Object{
 		&infrav1.Metal3DataTemplate{},
@@ -301,8 +296,7 @@ func run(ctx context.Context, o options) error {
 	return mgr.Start(ctx)
 }
 
-// cacheSynced keeps the webhook unready until every informer has synced: before that an admission
-// would find nothing and skip preallocation.
+// cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.
 func cacheSynced(c cache.Cache) healthz.Checker {
 	return func(req *http.Request) error {
 		ctx, cancel := context.WithTimeout(req.Context(), 50*time.Millisecond)

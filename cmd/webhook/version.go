@@ -11,13 +11,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
-// version is the release the binary was built as. The Makefile's build target, which CI and the
-// Dockerfile run, sets it: -ldflags "-X main.version=$(VERSION)". A plain go build leaves it empty
-// and the module's own version (usually "(devel)") is reported instead.
+// version is set by the Makefile with -ldflags "-X main.version=$(VERSION)".
 var version string
 
-// buildInfo is exported as ip_preallocator_build_info, 1 for the running binary, so that a
-// dashboard or an alert can tell which version each replica runs during an upgrade.
+// buildInfo tells a dashboard which version each replica runs during an upgrade.
 var buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Name: "ip_preallocator_build_info",
 	Help: "The version of the running binary, its source revision and the Go version it was built with; always 1.",
@@ -59,12 +56,10 @@ func buildRevision() string {
 	return revision
 }
 
-// addVersionFlag registers --version.
 func addVersionFlag(fs *pflag.FlagSet) *bool {
 	return fs.Bool("version", false, "Print the version and exit.")
 }
 
-// printVersionAndExit prints the version and exits when --version was given.
 func printVersionAndExit(requested bool) {
 	if !requested {
 		return

@@ -14,23 +14,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// The Metal3 IPAM creates a claim's IPAddress before it saves its finalizer on the claim, from a
-// list of claims read earlier. A claim deleted in between (a namespace deletion, a person) can no
-// longer take the finalizer (the API server refuses new finalizers on an object being deleted),
-// and the IPAM, which frees an address only from a deleted claim that carries no finalizer but
-// its own, never frees that IPAddress: it keeps the address, and its finalizer its namespace.
-// Its two IPPool controllers can also both allocate for one claim, and it frees only one IPAddress
-// per claim, by name. While CAPM3's finalizer keeps such a claim, its IPAddresses can still be
-// released the way the IPAM would release them.
-
 // Metal3AddressGVK and Metal3AddressListGVK are the Metal3 IPAM's IPAddress.
 var (
 	Metal3AddressGVK     = ipamv1.GroupVersion.WithKind("IPAddress")
 	Metal3AddressListGVK = ipamv1.GroupVersion.WithKind("IPAddressList")
 )
 
-// AddressClaimUID is the UID of the IPClaim a Metal3 IPAddress was made for, from its owner
-// reference; empty once the garbage collector removed that reference.
+// AddressClaimUID is the UID of the IPClaim owning a Metal3 IPAddress; empty once the GC dropped it.
 func AddressClaimUID(address metav1.Object) types.UID {
 	for _, ref := range address.GetOwnerReferences() {
 		if ref.Kind == KindIPClaim {
@@ -40,12 +30,10 @@ func AddressClaimUID(address metav1.Object) types.UID {
 	return ""
 }
 
-// FieldManager is the field manager of the claims the webhook creates: their managedFields tell
-// them from CAPM3's after the hand-over.
+// FieldManager tells, in managedFields, the webhook's claims from CAPM3's after the hand-over.
 const FieldManager = "ip-preallocator"
 
-// CreatedHere tells whether the webhook created the claim, from its managedFields (as read live:
-// the caches strip them).
+// CreatedHere tells whether the webhook created claim; read it live, as the caches strip managedFields.
 func CreatedHere(claim metav1.Object) bool {
 	return slices.ContainsFunc(claim.GetManagedFields(), func(f metav1.ManagedFieldsEntry) bool {
 		return f.Manager == FieldManager && f.FieldsV1 != nil && strings.Contains(string(f.FieldsV1.Raw), `"f:spec"`)
@@ -68,10 +56,9 @@ func ClaimAddresses(ctx context.Context, r client.Reader, claim *metav1.PartialO
 	return stray, nil
 }
 
-// ReleaseAddress releases an IPAddress the IPAM will never release itself (a stray, or a surplus)
-// as the IPAM releases one: deleted, and its IPAM finalizer removed (in that order, so that a
-// failure in between leaves it to be found again). The IPAM then counts the address free on its
-// next pass of the pool.
+// ReleaseAddress releases, as the IPAM would, an IPAddress the IPAM never frees: one made for a claim
+// deleted before the IPAM could add its finalizer, or a second one its two IPPool controllers made
+// for one claim. It deletes before it removes the finalizer, so a half-done release is found again.
 func ReleaseAddress(ctx context.Context, c client.Writer, address *metav1.PartialObjectMetadata) error {
 	obj := Metadata(Metal3AddressGVK)
 	obj.SetNamespace(address.Namespace)

@@ -27,12 +27,9 @@ type Outcome string
 const (
 	// Created means the webhook created the claim.
 	Created Outcome = "created"
-	// Reused means the claim already existed, preallocated earlier for a Metal3Data of this name, not
-	// handed over to anyone yet and with the planned spec, so it is claimed again for this one; or
-	// it was handed over meanwhile to the Metal3Data this admission made.
+	// Reused means an existing claim waiting for this name with the planned spec was claimed again.
 	Reused Outcome = "reused"
-	// Foreign means a claim CAPM3 would use exists and belongs to something else. It is left
-	// untouched; CAPM3 decides what to do with it, as it would without the webhook.
+	// Foreign means a claim CAPM3 would use belongs to something else; it is left to CAPM3.
 	Foreign Outcome = "foreign"
 	// Failed means the claim could not be looked up or created; CAPM3 will create it itself.
 	Failed Outcome = "failed"
@@ -53,19 +50,13 @@ type Creator struct {
 	Client client.Client
 	// Cache answers whether a claim exists; it needs only claim metadata.
 	Cache client.Reader
-	// APIReader settles, with a live read, who owns a claim whose create found it existing
-	// although the cache did not have it yet, and reads a claim in full before it is reused.
+	// APIReader reads live what the cache may not have seen yet.
 	APIReader client.Reader
 }
 
-// Create makes sure every planned claim of the Metal3Data named dataName exists, concurrently,
-// claimed by the admission token, and stops waiting when ctx ends. The admission answers once the
-// requests are sent, so it may meet a claim CAPM3 created meanwhile: that one is foreign. sent,
-// when not nil, is called once per claim as soon as its create or reclaim request is on the wire
-// to the API server, or its handling ended without one.
-// A claim that already exists under one of the names CAPM3 looks for is never modified, unless it
-// waits for this name with the planned spec: then only its AdmissionAnnotation and
-// DataClaimAnnotation change.
+// Create makes sure every planned claim of the Metal3Data dataName exists, claimed by token, until
+// ctx ends. sent, if not nil, is called once per claim when its request is on the wire or handling
+// ended without one. An existing claim is only reclaimed, if it waits for dataName with this spec.
 func (c *Creator) Create(ctx context.Context, dataName, token string, claims []Claim, sent func()) []Result {
 	results := make([]Result, len(claims))
 	var wg sync.WaitGroup
@@ -100,8 +91,7 @@ func (c *Creator) create(ctx context.Context, dataName, token string, claim Clai
 	}
 
 	obj := claim.Preallocated(token)
-	// A throttled or failing API server is retried within the creation's deadline: every claim
-	// left to CAPM3 costs the head start.
+	// Every claim left to CAPM3 loses the head start, so retry within the deadline.
 	err = withRetries(ctx, isTransient, func() error {
 		return c.Client.Create(onWire(ctx, sent), obj.DeepCopyObject().(client.Object), client.FieldOwner(FieldManager))
 	})
@@ -127,8 +117,6 @@ func onWire(ctx context.Context, sent func()) context.Context {
 	}})
 }
 
-// lookup returns the claim CAPM3 would use instead of creating one: the first that r knows under
-// the names CAPM3 looks for, or nil.
 func lookup(ctx context.Context, r client.Reader, claim Claim) (*metav1.PartialObjectMetadata, error) {
 	for _, name := range claim.Lookup {
 		existing, err := getMetadata(ctx, r, claim, claim.Object.GetNamespace(), name)
@@ -143,10 +131,7 @@ func lookup(ctx context.Context, r client.Reader, claim Claim) (*metav1.PartialO
 	return nil, nil
 }
 
-// Usable tells, from r (the cache), whether claim can be preallocated for the Metal3Data named
-// dataName, and under which name: no claim exists under the names CAPM3 looks for, or the one
-// that exists still waits for this name (it will be reclaimed). Otherwise the error says whose
-// claim CAPM3 will find.
+// Usable tells, from the cache r, the name claim can be preallocated under for dataName, or why not.
 func Usable(ctx context.Context, r client.Reader, dataName string, claim Claim) (string, error) {
 	existing, err := lookup(ctx, r, claim)
 	switch {
@@ -178,15 +163,12 @@ func Metadata(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
 	return m
 }
 
-// isPreallocatedFor tells whether a claim was preallocated for the Metal3Data named dataName and
-// is still waiting to be handed over.
 func isPreallocatedFor(claim metav1.Object, dataName string) bool {
 	return claim.GetAnnotations()[PreallocatedForAnnotation] == dataName &&
 		len(claim.GetOwnerReferences()) == 0 && claim.GetDeletionTimestamp() == nil
 }
 
-// classify decides what an existing claim is to this admission, and reclaims it when it is ours;
-// sent is called once the reclaim's patch is on the wire, as a create's.
+// classify tells what an existing claim is to this admission, and reclaims it when it is ours.
 func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Object, dataName, token string, sent func()) Result {
 	name := existing.GetName()
 	if !isPreallocatedFor(existing, dataName) {
@@ -200,9 +182,8 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 			return err
 		}
 		if owner := Metal3DataOwner(full); owner != nil && owner.Name == dataName && full.GetDeletionTimestamp() == nil {
-			// Handed over since it was read waiting: by a take-over to the Metal3Data this
-			// admission made, once stored, or to an older one of the name, from a cache that had
-			// not seen it deleted. Only the first will CAPM3 use it for.
+			// Handed over since read: by a take-over to the Metal3Data this admission made, or, from a
+			// stale cache, to an older one of the name, which CAPM3 will not use it for.
 			ours, err := c.storedWith(ctx, full.GetNamespace(), dataName, owner.UID, token)
 			if err != nil {
 				return err
@@ -228,8 +209,7 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 	return Result{Claim: claim, Name: name, Outcome: Reused}
 }
 
-// storedWith tells, from a live read, whether the Metal3Data namespace/name is stored with this
-// UID and this admission's token.
+// storedWith tells, from a live read, whether the Metal3Data is stored with uid and token.
 func (c *Creator) storedWith(ctx context.Context, namespace, name string, uid types.UID, token string) (bool, error) {
 	data := Metadata(Metal3DataGVK)
 	switch err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, data); {
@@ -241,12 +221,9 @@ func (c *Creator) storedWith(ctx context.Context, namespace, name string, uid ty
 	return data.UID == uid && data.Annotations[AdmissionAnnotation] == token, nil
 }
 
-// createBackoff spreads retries over about five seconds; the creation's deadline ends them sooner
-// when it comes first.
 var createBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 8, Cap: 2 * time.Second}
 
-// withRetries calls fn until it succeeds, fails for good, or the backoff or ctx ends, and returns
-// its last error. (client-go's retry.OnError would turn a context deadline into success.)
+// withRetries returns fn's last error, where client-go's retry.OnError turns a deadline into success.
 func withRetries(ctx context.Context, retriable func(error) bool, fn func() error) error {
 	backoff := createBackoff
 	for {

@@ -22,8 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// maxRecordedClaims bounds what is read from a ClaimsAnnotation: a person can write it, and a
-// template references a handful of pools.
+// maxRecordedClaims bounds ClaimsAnnotation, which anyone who can edit a Metal3Data can write.
 const maxRecordedClaims = 64
 
 // ClaimRef names a claim recorded in ClaimsAnnotation, in the Metal3Data's namespace.
@@ -32,6 +31,7 @@ type ClaimRef struct {
 	Name string
 }
 
+// String is the ref as ClaimsAnnotation writes it, kind/name.
 func (r ClaimRef) String() string { return r.Kind + "/" + r.Name }
 
 // GVK is the version the claim is created with.
@@ -54,9 +54,7 @@ func FormatClaims(refs []ClaimRef) string {
 	return strings.Join(parts, ",")
 }
 
-// ParseClaims reads ClaimsAnnotation. Names must be object names, so a ref can only address a
-// claim in the Metal3Data's own namespace; duplicates are dropped and at most maxRecordedClaims
-// are accepted.
+// ParseClaims reads ClaimsAnnotation. Names must be object names, so no ref leaves the namespace.
 func ParseClaims(value string) ([]ClaimRef, error) {
 	if value == "" {
 		return nil, nil
@@ -83,9 +81,7 @@ func annotationPath(key string) string {
 	return "/metadata/annotations/" + jsonpointer.Escape(key)
 }
 
-// waitingTests make a patch apply only while the claim waits, unowned, for the Metal3Data named
-// dataName and, when token is set, for the admission that token names. A test without a value
-// passes only where the path is absent: nobody has added an owner reference.
+// waitingTests hold while the claim waits for dataName and token; a valueless test means unowned.
 func waitingTests(dataName, token string) []jsonpatch.Operation {
 	ops := []jsonpatch.Operation{
 		jsonpatch.NewOperation("test", annotationPath(PreallocatedForAnnotation), dataName),
@@ -97,22 +93,15 @@ func waitingTests(dataName, token string) []jsonpatch.Operation {
 	return ops
 }
 
-// HandOver gives a claim preallocated for data exactly the owner reference CAPM3 gives its
-// claims, and drops our annotations, in one patch that reads nothing. Its tests make it apply only
-// while the claim still waits for data: with token, for the admission recorded on data, which
-// binds the claim to that very object (a Metal3Data of the same name deleted meanwhile recorded
-// another admission); without, the caller has read data live. annotations are the claim's as last
-// seen, or nil: when they are exactly ours the annotations field goes away whole, as on a claim
-// CAPM3 created, and when that guess is wrong the patch is retried removing only our keys. It
-// returns false, without error, when the claim was not waiting (handed over already, gone,
-// reclaimed or someone else's); any other rejection is an error.
+// HandOver gives a claim waiting for data CAPM3's owner reference and drops our annotations, in one
+// patch whose tests hold only while it waits (with token, for that very admission). Annotations that
+// are only ours go whole, as on a claim CAPM3 created. It returns false if the claim was not waiting.
 func HandOver(ctx context.Context, c client.Writer, data metav1.Object, ref ClaimRef, token string, annotations map[string]string) (bool, error) {
 	gvk, err := ref.GVK()
 	if err != nil {
 		return false, err
 	}
-	// A claim being deleted keeps its status while the IPAM frees its address: CAPM3 would render
-	// an address that can be handed out again.
+	// A claim being deleted still shows the address the IPAM is freeing; CAPM3 must not render it.
 	tests := append(waitingTests(data.GetName(), token), jsonpatch.Operation{Operation: "test", Path: "/metadata/deletionTimestamp"})
 	own := jsonpatch.NewOperation("add", "/metadata/ownerReferences", []metav1.OwnerReference{OwnerReference(data)})
 	removeKeys := slices.Concat(tests, []jsonpatch.Operation{
@@ -141,7 +130,6 @@ func HandOver(ctx context.Context, c client.Writer, data metav1.Object, ref Clai
 	return false, nil
 }
 
-// onlyOurs tells whether a claim's annotations are exactly the ones admission put there.
 func onlyOurs(annotations map[string]string) bool {
 	if len(annotations) == 0 {
 		return false
@@ -151,9 +139,7 @@ func onlyOurs(annotations map[string]string) bool {
 	})
 }
 
-// removeIfPresent removes an annotation whether or not the claim has it (claims preallocated by
-// an earlier version have no DataClaimAnnotation): JSON patch removes only what exists, and adds
-// over what exists. The annotations map must exist, as the waiting tests make sure.
+// removeIfPresent adds the key first because JSON patch cannot remove a missing one.
 func removeIfPresent(key string) []jsonpatch.Operation {
 	return []jsonpatch.Operation{
 		jsonpatch.NewOperation("add", annotationPath(key), ""),
@@ -161,11 +147,8 @@ func removeIfPresent(key string) []jsonpatch.Operation {
 	}
 }
 
-// Release frees a claim preallocated for a Metal3Data that is not stored, so that the IPAM returns
-// its address: claim must come from a live read that found it waiting. It deletes the claim, only
-// if it is unchanged since that read, and reports whether it did; CAPM3's finalizer then goes with
-// Finish, when the deletion's event comes back. A hand-over cannot slip in between: its patch
-// refuses a claim being deleted.
+// Release deletes a waiting claim whose Metal3Data is not stored, if unchanged since the live read
+// that found it, and reports whether it did. No hand-over can follow: it refuses a claim being deleted.
 func Release(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
 	obj := Metadata(claim.GroupVersionKind())
 	obj.SetNamespace(claim.Namespace)
@@ -180,8 +163,7 @@ func Release(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMe
 	return true, nil
 }
 
-// Finish removes CAPM3's finalizer from a waiting claim that is being deleted, as CAPM3 does for
-// its own claims: nobody else would, and the claim, its address and its namespace would hang.
+// Finish removes CAPM3's finalizer from a waiting claim being deleted; nobody else would.
 func Finish(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
 	i := slices.Index(claim.Finalizers, infrav1.DataFinalizer)
 	if i < 0 {
@@ -204,10 +186,8 @@ func Finish(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMet
 	return true, nil
 }
 
-// FinishOrphan removes CAPM3's finalizer from a claim that is being deleted while its Metal3Data,
-// owner, is gone: a Metal3Data deleted before CAPM3 first reconciled it never got CAPM3's
-// finalizer, so CAPM3 never releases claims that were handed over to it. The patch applies only
-// while the claim still names that owner.
+// FinishOrphan removes CAPM3's finalizer from a claim being deleted after its owner Metal3Data:
+// CAPM3 releases nothing for a Metal3Data deleted before its first reconcile.
 func FinishOrphan(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata, owner types.UID) (bool, error) {
 	i := slices.Index(claim.Finalizers, infrav1.DataFinalizer)
 	o := slices.IndexFunc(claim.OwnerReferences, func(ref metav1.OwnerReference) bool { return ref.UID == owner })
@@ -230,9 +210,7 @@ func FinishOrphan(ctx context.Context, c client.Writer, claim *metav1.PartialObj
 	return true, nil
 }
 
-// Reclaim marks a waiting claim as claimed by a new admission, token, for the Metal3DataClaim
-// dataClaim (if any), while it is unchanged since it was read (resourceVersion), so that the
-// release grace period starts again and the hand-over is bound to the new admission.
+// Reclaim binds a waiting claim, unchanged since read, to a new admission; its grace period restarts.
 func Reclaim(ctx context.Context, c client.Writer, claim client.Object, token, dataClaim string) error {
 	ops := []jsonpatch.Operation{
 		jsonpatch.NewOperation("test", "/metadata/resourceVersion", claim.GetResourceVersion()),
@@ -259,9 +237,8 @@ func patch(ctx context.Context, c client.Writer, gvk schema.GroupVersionKind, na
 	return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, body))
 }
 
-// IsTestFailure tells a JSON patch whose test failed, or whose path is missing, from every other
-// rejection: the API server answers both with 422 Invalid and no causes, while a patched object
-// that fails validation or admission comes back with its field causes or another code.
+// IsTestFailure tells a JSON patch whose test failed or whose path is missing from other rejections:
+// the API server answers those with 422 Invalid and no causes.
 func IsTestFailure(err error) bool {
 	if !apierrors.IsInvalid(err) {
 		return false
@@ -274,10 +251,8 @@ func IsTestFailure(err error) bool {
 	return details == nil || len(details.Causes) == 0
 }
 
-// Answered tells whether the IPAM has written its answer to the claim in its status, what CAPM3
-// reads from it: the address, or for an IPClaim an error. The IPAMs write their finalizer first
-// and the status in a second request (Cluster API's patch helper). An IPAddressClaim whose pool
-// fails it gets no address.
+// Answered tells whether the IPAM has written the status CAPM3 reads: the address or, for an
+// IPClaim, an error. The IPAMs write their finalizer first and the status in a second request.
 func Answered(claim client.Object) bool {
 	switch c := claim.(type) {
 	case *ipamv1.IPClaim:
@@ -288,8 +263,7 @@ func Answered(claim client.Object) bool {
 	return false
 }
 
-// Metal3DataOwner is the claim's owner reference to a Metal3Data, the one CAPM3 maps the claim's
-// events by; nil if none.
+// Metal3DataOwner is the claim's Metal3Data owner reference, which CAPM3 maps its events by.
 func Metal3DataOwner(claim metav1.Object) *metav1.OwnerReference {
 	for _, ref := range claim.GetOwnerReferences() {
 		if ref.Kind == Metal3DataGVK.Kind {

@@ -15,26 +15,21 @@ import (
 )
 
 const (
-	// DataLabelName is the label CAPM3 puts on IPClaims in BMH-name mode, naming the Metal3Data
-	// it releases them by.
+	// DataLabelName names, on IPClaims in BMH-name mode, the Metal3Data CAPM3 releases them by.
 	DataLabelName = "infrastructure.cluster.x-k8s.io/data-name"
 	// PoolLabelName is the label CAPM3 puts on IPClaims in BMH-name mode, naming the pool.
 	PoolLabelName = "infrastructure.cluster.x-k8s.io/pool-name"
 
-	// PreallocatedForAnnotation marks a claim created during admission that is not handed over yet;
-	// its value is the name of the Metal3Data it was created for. It is an annotation, not a label,
-	// because the Metal3 IPAM copies a claim's labels onto its IPAddress.
+	// PreallocatedForAnnotation names the Metal3Data a claim not yet handed over was created for. Not
+	// a label: the Metal3 IPAM copies a claim's labels onto its IPAddress.
 	PreallocatedForAnnotation = "ip-preallocator.metal3.io/preallocated-for"
-	// AdmissionAnnotation carries the UID of the admission request that last claimed a waiting
-	// claim, on the claim and in the record on the Metal3Data: it binds the hand-over to the object
-	// that admission produced, and its change restarts the release grace period.
+	// AdmissionAnnotation is the UID of the admission that last claimed a waiting claim, on the claim
+	// and its Metal3Data: it binds the hand-over, and its change restarts the grace period.
 	AdmissionAnnotation = "ip-preallocator.metal3.io/admission"
-	// DataClaimAnnotation names, on a waiting claim, the Metal3DataClaim its Metal3Data answers:
-	// while that one still waits for data, CAPM3's template controller retries the create and a
-	// retried admission reclaims the claim, so it is not released.
+	// DataClaimAnnotation names a waiting claim's Metal3DataClaim: while that waits for data, CAPM3
+	// retries the create, whose admission reclaims the claim, so it is not released.
 	DataClaimAnnotation = "ip-preallocator.metal3.io/data-claim"
-	// ClaimsAnnotation on a Metal3Data lists the claims preallocated for it, as kind/name pairs
-	// separated by commas.
+	// ClaimsAnnotation lists on a Metal3Data its preallocated claims, as comma-separated kind/name.
 	ClaimsAnnotation = "ip-preallocator.metal3.io/claims"
 
 	// KindIPClaim is the kind of a Metal3 IPAM claim.
@@ -55,11 +50,9 @@ var (
 // Claim is the claim CAPM3 would create for one pool of one Metal3Data.
 type Claim struct {
 	Pool PoolRef
-	// Object is the claim exactly as CAPM3 creates it: an *ipamv1.IPClaim or a
-	// *capipamv1.IPAddressClaim, with the owner reference CAPM3 gives it.
+	// Object is the claim exactly as CAPM3 creates it, owner reference included.
 	Object client.Object
-	// Lookup holds the names CAPM3 looks for, in order, before it creates the claim: when one of
-	// them exists, CAPM3 uses that claim as it is and creates nothing.
+	// Lookup holds the names CAPM3 tries in order; it uses an existing one as it is.
 	Lookup []string
 	// DataClaim is the name of the Metal3DataClaim the Metal3Data answers, if it names one.
 	DataClaim string
@@ -76,11 +69,8 @@ func (c Claim) GVK() schema.GroupVersionKind {
 	return IPAddressClaimGVK
 }
 
-// Preallocated is the claim as the webhook creates it before the Metal3Data exists: no owner
-// reference, since the Metal3Data has no UID yet and an owner that is not stored makes the
-// garbage collector delete the claim, and the PreallocatedForAnnotation, AdmissionAnnotation
-// (token) and DataClaimAnnotation instead. The finalizer keeps the claim until it is handed over
-// or released.
+// Preallocated is the claim as created before its Metal3Data has a UID: our annotations instead of
+// the owner reference, as an owner that is not stored makes the garbage collector delete the claim.
 func (c Claim) Preallocated(token string) client.Object {
 	obj, _ := c.Object.DeepCopyObject().(client.Object)
 	obj.SetOwnerReferences(nil)
@@ -113,15 +103,12 @@ func DataName(template string, index int) string {
 	return template + "-" + strconv.Itoa(index)
 }
 
-// ClaimName is the name CAPM3 gives the claim of pool for owner: the Metal3Data, or for Metal3
-// pools in BMH-name mode the BareMetalHost.
+// ClaimName is CAPM3's name for owner's claim of pool; owner is the BMH in BMH-name mode.
 func ClaimName(owner, pool string) string {
 	return owner + "-" + pool
 }
 
-// Plan returns, for each pool, the claim CAPM3 v1.13.2 would create for data: its kind, name
-// (<metal3data>-<pool>, or <bmh>-<pool> for Metal3 pools in BMH-name mode, as with CAPM3's
-// --enable-bmh-name-based-preallocation), namespace, labels, finalizer, owner reference and spec.
+// Plan returns, for each pool, the claim CAPM3 would create for data.
 func Plan(data *infrav1.Metal3Data, pools []PoolRef, bmhName string, bmhNameBased bool) []Claim {
 	claims := make([]Claim, 0, len(pools))
 	var dataClaim string
@@ -137,9 +124,8 @@ func Plan(data *infrav1.Metal3Data, pools []PoolRef, bmhName string, bmhNameBase
 			OwnerReferences: []metav1.OwnerReference{OwnerReference(data)},
 		}
 		if !pool.IsMetal3() {
-			// In BMH-name mode CAPM3 shares one label map between the Metal3Data and its claims,
-			// so an IPAddressClaim carries the data-name and pool-name labels of whichever Metal3
-			// pool its random map iteration visited first, or none; we give it none.
+			// CAPM3's BMH-name mode leaks a random Metal3 pool's labels, or none, onto an
+			// IPAddressClaim through a shared map; we add none.
 			claims = append(claims, Claim{
 				Pool:      pool,
 				Lookup:    []string{meta.Name},

@@ -1,6 +1,5 @@
-// Package allocation holds the IP-claim domain of CAPM3's Metal3Data controller, free of admission
-// types: which pools a Metal3DataTemplate references, which claims CAPM3 (of CAPM3Version) would
-// create for a Metal3Data, creating them ahead of CAPM3, handing them over and releasing them.
+// Package allocation mirrors the IP claims CAPM3's Metal3Data controller would create, and creates,
+// hands over and releases them ahead of CAPM3, free of admission types.
 package allocation
 
 import (
@@ -22,7 +21,7 @@ const (
 	// Metal3PoolKind is the kind CAPM3 defaults a pool reference to.
 	Metal3PoolKind = "IPPool"
 
-	// objectMachine is how a fromPoolAnnotation names the CAPI Machine (compared case-insensitively, as CAPM3 does).
+	// objectMachine is how a fromPoolAnnotation names the CAPI Machine (case-insensitive, as in CAPM3).
 	objectMachine = "machine"
 	// objectMetal3Machine is how a fromPoolAnnotation names the Metal3Machine.
 	objectMetal3Machine = "metal3machine"
@@ -40,12 +39,12 @@ type PoolRef struct {
 	Kind     string
 }
 
-// IsMetal3 tells whether CAPM3 claims this pool with an ipam.metal3.io IPClaim rather than a
-// Cluster API IPAddressClaim.
+// IsMetal3 tells whether CAPM3 claims this pool with an IPClaim rather than an IPAddressClaim.
 func (p PoolRef) IsMetal3() bool {
 	return p.APIGroup == Metal3PoolGroup && p.Kind == Metal3PoolKind
 }
 
+// String is group/kind/name.
 func (p PoolRef) String() string {
 	return p.APIGroup + "/" + p.Kind + "/" + p.Name
 }
@@ -53,17 +52,15 @@ func (p PoolRef) String() string {
 // Reference is one place in a Metal3DataTemplate that names a pool, as written.
 type Reference struct {
 	Path *field.Path
-	// Pool is the reference as written; empty when FromAnnotation names the pool instead.
+	// Pool is empty when FromAnnotation names the pool instead.
 	Pool infrav1.IPPoolReference
-	// FromAnnotation, when set, makes the pool name the value of an annotation on a machine object.
+	// FromAnnotation names an annotation whose value is the pool name.
 	FromAnnotation *infrav1.FromPoolAnnotation
-	// MetaDataGroupKind is set for metaData *FromPool entries: their apiGroup and kind, which
-	// CAPM3 v1.13.2 ignores (it always uses a Metal3 IPPool).
+	// MetaDataGroupKind is set for metaData entries, whose apiGroup and kind CAPM3 ignores.
 	MetaDataGroupKind *metav1.GroupKind
 }
 
-// References lists every pool reference of a template in the order CAPM3's getReferencedPools
-// visits them, including fromPoolAnnotation entries that only resolve against a machine.
+// References lists a template's pool references in the order CAPM3's getReferencedPools visits them.
 func References(tmpl *infrav1.Metal3DataTemplate) []Reference {
 	var refs []Reference
 	spec := field.NewPath("spec")
@@ -134,8 +131,7 @@ func References(tmpl *infrav1.Metal3DataTemplate) []Reference {
 	return refs
 }
 
-// appendAddressRefs mirrors CAPM3 for a static network: the annotation pool when one is given,
-// and then, independently, fromPoolRef or else ipAddressFromIPPool.
+// appendAddressRefs mirrors CAPM3: any annotation pool, plus fromPoolRef or ipAddressFromIPPool.
 func appendAddressRefs(refs []Reference, p *field.Path, ann infrav1.FromPoolAnnotation,
 	ref infrav1.IPPoolReference, name string) []Reference {
 	if ann != (infrav1.FromPoolAnnotation{}) {
@@ -185,9 +181,7 @@ func servicesv6(s *infrav1.NetworkDataServicev6) string {
 	return s.DNSFromIPPool
 }
 
-// Machine is what a fromPoolAnnotation can be read from: the CAPI Machine, the Metal3Machine and
-// the BareMetalHost of one Metal3Data. Only their annotations are read. With none of them, as when
-// CAPM3 releases claims, fromPoolAnnotation entries are skipped.
+// Machine holds the objects a fromPoolAnnotation may read; with none, such entries are skipped.
 type Machine struct {
 	Machine       metav1.Object
 	Metal3Machine metav1.Object
@@ -204,19 +198,18 @@ var annotationObjects = map[string]func(Machine) metav1.Object{
 	objectBareMetalHost: func(m Machine) metav1.Object { return m.BareMetalHost },
 }
 
-// UnknownObjectError is a fromPoolAnnotation whose object is none of AnnotationObjects: CAPM3
-// fails every Metal3Data of the template with "unknown object type".
+// UnknownObjectError names a fromPoolAnnotation object CAPM3 fails every Metal3Data on.
 type UnknownObjectError struct {
 	Path   *field.Path
 	Object string
 }
 
+// Error implements error.
 func (e *UnknownObjectError) Error() string {
 	return fmt.Sprintf("%s: unknown object type %q", e.Path, e.Object)
 }
 
-// CheckAnnotationObject returns an *UnknownObjectError when CAPM3 cannot read a fromPoolAnnotation
-// at path from object, whatever the machine.
+// CheckAnnotationObject returns an *UnknownObjectError when CAPM3 cannot read from object.
 func CheckAnnotationObject(path *field.Path, object string) error {
 	if _, ok := annotationObjects[strings.ToLower(object)]; !ok {
 		return &UnknownObjectError{Path: path, Object: object}
@@ -224,8 +217,7 @@ func CheckAnnotationObject(path *field.Path, object string) error {
 	return nil
 }
 
-// poolName mirrors CAPM3's addFromAnnotation: the pool named by the annotation, or "" when the
-// machine is not known.
+// poolName mirrors CAPM3's addFromAnnotation; it is "" when the machine is not known.
 func (m Machine) poolName(path *field.Path, a infrav1.FromPoolAnnotation) (string, error) {
 	if m.Machine == nil && m.Metal3Machine == nil && m.BareMetalHost == nil {
 		return "", nil
@@ -244,8 +236,7 @@ func (m Machine) poolName(path *field.Path, a infrav1.FromPoolAnnotation) (strin
 	return name, nil
 }
 
-// Defaulted is a pool reference as CAPM3's addRef reads it: without apiGroup or kind, an
-// ipam.metal3.io IPPool.
+// Defaulted applies CAPM3's addRef defaults: an ipam.metal3.io IPPool.
 func Defaulted(ref infrav1.IPPoolReference) PoolRef {
 	pool := PoolRef{Name: ref.Name, APIGroup: ref.APIGroup, Kind: ref.Kind}
 	if pool.APIGroup == "" {
@@ -257,8 +248,7 @@ func Defaulted(ref infrav1.IPPoolReference) PoolRef {
 	return pool
 }
 
-// PoolConflictError is CAPM3's errConflictingPoolTypes with the places it comes from: Pool, at
-// Path, has the name of First, referenced earlier at FirstPath, with another group or kind.
+// PoolConflictError locates errConflictingPoolTypes: Pool at Path reuses First's name at FirstPath.
 type PoolConflictError struct {
 	Path      *field.Path
 	Pool      PoolRef
@@ -266,11 +256,13 @@ type PoolConflictError struct {
 	FirstPath *field.Path
 }
 
+// Error implements error.
 func (e *PoolConflictError) Error() string {
 	return fmt.Sprintf("%s: pool %q: %v (%s/%s and %s/%s at %s)", e.Path, e.Pool.Name, errConflictingPoolTypes,
 		e.Pool.APIGroup, e.Pool.Kind, e.First.APIGroup, e.First.Kind, e.FirstPath)
 }
 
+// Unwrap lets errors.Is match errConflictingPoolTypes.
 func (e *PoolConflictError) Unwrap() error { return errConflictingPoolTypes }
 
 // Pool is a pool a template references, and where it is referenced first.
@@ -279,11 +271,8 @@ type Pool struct {
 	Path *field.Path
 }
 
-// Resolve computes the pools a template references for one machine as CAPM3 v1.13.2's
-// getReferencedPools does: group and kind defaulted, fromPoolAnnotation resolved against m, one
-// entry per name in the order of first reference. It returns every error in the order CAPM3
-// meets them (CAPM3 stops at the first): a *PoolConflictError for each reference that reuses a
-// name with another group or kind, and each fromPoolAnnotation that does not resolve.
+// Resolve computes the pools a template references for m as CAPM3's getReferencedPools does, one per
+// name in order of first reference. Where CAPM3 stops at the first error, it returns them all.
 func Resolve(tmpl *infrav1.Metal3DataTemplate, m Machine) ([]Pool, []error) {
 	var pools []Pool
 	var errs []error
@@ -315,8 +304,7 @@ func Resolve(tmpl *infrav1.Metal3DataTemplate, m Machine) ([]Pool, []error) {
 	return pools, errs
 }
 
-// ReferencedPools returns the pools a template references for one machine, or the first error
-// CAPM3 v1.13.2's getReferencedPools would fail with (see Resolve).
+// ReferencedPools returns Resolve's pools, or its first error, the one CAPM3 fails with.
 func ReferencedPools(tmpl *infrav1.Metal3DataTemplate, m Machine) ([]PoolRef, error) {
 	pools, errs := Resolve(tmpl, m)
 	if len(errs) > 0 {

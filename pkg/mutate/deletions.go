@@ -9,12 +9,9 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 )
 
-// Deletions remembers which Metal3Data this replica saw deleted within Window. CAPM3 releases a
-// deleted Metal3Data's claims by name, whoever owns them, and a CAPM3 reconcile that still finds
-// the deleted object in its cache can do so again after a new Metal3Data of the same name exists:
-// claims preallocated for the new one would be deleted under it, even after their hand-over, and
-// the address it rendered handed out again. Stock CAPM3 cannot meet its own successor's claims
-// that way: it creates them only from a cache that has seen the deletion.
+// Deletions remembers which Metal3Data this replica saw deleted within Window: CAPM3 releases their
+// claims by name, and from a lagging cache also those preallocated for a new one of the same name,
+// which stock CAPM3 creates only from a cache that has seen the deletion.
 type Deletions struct {
 	Window time.Duration
 

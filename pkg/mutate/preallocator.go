@@ -65,42 +65,30 @@ const (
 // +kubebuilder:rbac:groups=ipam.metal3.io,resources=ipclaims,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;create
 
-// Preallocator is the mutating admission handler for Metal3Data CREATE: it plans the IP claims
-// CAPM3 would create in its first reconcile, records them in allocation.ClaimsAnnotation, and
-// hands them to OnAdmitted, which starts creating them and returns once their requests are sent,
-// before the answer. It admits every
-// Metal3Data; when it cannot preallocate, it changes nothing and CAPM3 claims as usual.
+// Preallocator admits every Metal3Data CREATE, recording in allocation.ClaimsAnnotation the claims
+// CAPM3's first reconcile would create and handing them to OnAdmitted; otherwise it changes nothing.
 type Preallocator struct {
-	// Reader resolves the objects CAPM3 reads and the claims that exist; it should be the
-	// manager's cache.
+	// Reader should be the manager's cache.
 	Reader client.Reader
-	// APIReader is asked only when the cache misses: the Metal3DataClaim is created moments
-	// before its Metal3Data, and an informer a few milliseconds behind must not cost the
-	// preallocation. A template that really does not exist costs one live read.
+	// APIReader is read on a cache miss: the Metal3DataClaim is created just before its Metal3Data,
+	// and an informer a few milliseconds behind must not cost the preallocation.
 	APIReader client.Reader
 	Decoder   admission.Decoder
 	// BMHNameBased mirrors CAPM3's --enable-bmh-name-based-preallocation.
 	BMHNameBased bool
-	// Timeout bounds one admission, from the request's start; the API server's own timeout for
-	// the call, when shorter, bounds it too.
+	// Timeout bounds one admission from the request's start, as does the API server's timeout.
 	Timeout time.Duration
-	// Requesters, when not empty, limits preallocation to Metal3Data created by these users (the
-	// service account CAPM3 runs as): nobody else can make the webhook reserve addresses.
+	// Requesters, if set, are the only users (CAPM3's) for whom the webhook reserves addresses.
 	Requesters []string
-	// Deletions, when set, holds the Metal3Data this replica saw deleted lately: a new one of the
-	// same name is left to CAPM3 (see Deletions).
+	// Deletions, if set, leaves to CAPM3 a Metal3Data whose name was deleted lately.
 	Deletions *Deletions
-	// OnAdmitted is told of every admission, dry runs aside, that recorded claims on its
-	// Metal3Data (token and the claims to create) or has a warning for the operator, before the
-	// answer, with the admission token the stored Metal3Data will carry (token, or when it records
-	// no claims the one the object came with, if any). It may wait until the creates are sent,
-	// never for a write: CAPM3's template controller creates Metal3Data one after another.
+	// OnAdmitted hears, before the answer, of every admission that recorded claims or warns. It may
+	// wait for the creates to be sent, never for a write: CAPM3 creates Metal3Data one by one.
 	OnAdmitted func(ctx context.Context, key types.NamespacedName, token, stored string, claims []allocation.Claim, warning string)
 }
 
 var _ admission.Handler = &Preallocator{}
 
-// skip is a reason not to preallocate, with a message for the log.
 type skip struct {
 	reason string
 	msg    string
@@ -181,10 +169,7 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	return admission.Patched("", recordPatch(data.Annotations, record)...).WithWarnings(warnings...)
 }
 
-// nameInUse says why claims for data would not be safe under its name: a CREATE of a name the
-// cache still holds is either about to fail (AlreadyExists) or comes right after the deletion of
-// its predecessor, whose claims CAPM3 releases by name, from a cache as stale as ours; and one
-// deleted lately may still be released by a CAPM3 whose cache lags (see Deletions).
+// nameInUse says why data's name is unsafe: CAPM3 may still release a predecessor's claims by name.
 func (p *Preallocator) nameInUse(ctx context.Context, data *infrav1.Metal3Data) string {
 	key := types.NamespacedName{Namespace: data.Namespace, Name: data.Name}
 	predecessor := allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3Data"))
@@ -197,7 +182,6 @@ func (p *Preallocator) nameInUse(ctx context.Context, data *infrav1.Metal3Data) 
 	return ""
 }
 
-// leftToCAPM3 admits data unchanged and warns, naming each claim, why they are left to CAPM3.
 func (p *Preallocator) leftToCAPM3(ctx context.Context, data *infrav1.Metal3Data, claims []allocation.Claim, s *skip) admission.Response {
 	log.FromContext(ctx).V(1).Info("Not preallocating IP claims", "reason", s.reason, "detail", s.msg)
 	admissionsTotal.WithLabelValues("skipped", s.reason).Inc()
@@ -209,9 +193,7 @@ func (p *Preallocator) leftToCAPM3(ctx context.Context, data *infrav1.Metal3Data
 	return admission.Allowed("").WithWarnings(warnings...)
 }
 
-// deadline is when this admission must be answered: the API server tells, in the timeout query
-// parameter of the call, how long it waits from the moment it called; a margin leaves time for the
-// answer to travel. timeout bounds it further.
+// deadline leaves a margin within the API server's own timeout for the answer to travel back.
 func deadline(ctx context.Context, timeout time.Duration) time.Time {
 	start, apiTimeout := requestTiming(ctx)
 	end := start.Add(timeout)
@@ -223,8 +205,7 @@ func deadline(ctx context.Context, timeout time.Duration) time.Time {
 	return end
 }
 
-// recordFits checks that the record can be added to the Metal3Data without making its
-// annotations too large to store.
+// recordFits checks that the record does not make the annotations too large to store.
 func recordFits(existing, record map[string]string) error {
 	annotations := maps.Clone(existing)
 	if annotations == nil {
@@ -271,9 +252,7 @@ func recordPatch(existing, record map[string]string) []jsonpatch.JsonPatchOperat
 	return ops
 }
 
-// plan mirrors the checks CAPM3's Metal3Data reconciler makes before it creates claims, reading
-// the same objects through the cache, and returns the claims it would create. A *skip error says
-// why CAPM3 would not create claims now, or why we cannot know which.
+// plan mirrors CAPM3's checks before it creates claims; a *skip error says why none are planned.
 func (p *Preallocator) plan(ctx context.Context, data *infrav1.Metal3Data) ([]allocation.Claim, error) {
 	if data.Spec.MetaData != nil || data.Spec.NetworkData != nil {
 		return nil, skipf(ReasonAlreadyRendered, "spec.metaData or spec.networkData is set (moved or restored)")

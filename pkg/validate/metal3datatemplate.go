@@ -22,16 +22,14 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// The webhook fails closed, so a matchCondition in config/webhook keeps it out of every update that
-// does not change the spec, or that touches an object being deleted: CAPM3's finalizer and owner
-// reference updates and the removal of finalizers never wait for it, even while it is down.
+// The webhook fails closed, so a matchCondition in config/webhook skips updates that keep the spec or
+// touch an object being deleted: CAPM3's finalizer and owner updates never wait for it.
 // +kubebuilder:webhook:path=/validate-infrastructure-cluster-x-k8s-io-v1beta2-metal3datatemplate,mutating=false,failurePolicy=fail,sideEffects=None,groups=infrastructure.cluster.x-k8s.io,resources=metal3datatemplates,verbs=create;update,versions=v1beta2,name=validation.metal3datatemplate.ip-preallocator.metal3.io,matchPolicy=Equivalent,timeoutSeconds=5,admissionReviewVersions=v1
 
 // +kubebuilder:rbac:groups=ipam.metal3.io,resources=ippools,verbs=get
 // +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=*,verbs=get
 
-// liveCheckTimeout bounds the reads behind the warnings about missing pools, well below the
-// webhook's timeoutSeconds: a slow API server costs the warnings, never the admission.
+// liveCheckTimeout is well below timeoutSeconds: a slow API server costs warnings, never the admission.
 const liveCheckTimeout = 2 * time.Second
 
 // Metal3DataTemplate validates the pool references of Metal3DataTemplates on create and update.
@@ -77,12 +75,8 @@ func (v *Metal3DataTemplate) validate(ctx context.Context, old, tmpl *infrav1.Me
 	return append(warnings, v.poolWarnings(ctx, tmpl)...), nil
 }
 
-// Template returns what admission rejects and warns about when a Metal3DataTemplate is created
-// (old is nil) or updated from old, without reading anything. An update that leaves the spec
-// alone, and any update of an object being deleted, is never rejected. Otherwise an update is
-// rejected only for the errors it introduces: one that old has at the same field with the same
-// value is only a warning (ratcheting, as Cluster API's webhooks do), so that a template stored
-// before this check, or before a rule changed, can still be edited.
+// Template returns what admission rejects and warns about; old is nil on create. Errors old has too
+// are only warnings (ratcheting, as in Cluster API), so stored templates stay editable.
 func Template(old, tmpl *infrav1.Metal3DataTemplate) (field.ErrorList, []string) {
 	if tmpl.DeletionTimestamp != nil || old != nil && equality.Semantic.DeepEqual(old.Spec, tmpl.Spec) {
 		return nil, nil
@@ -107,8 +101,7 @@ func Template(old, tmpl *infrav1.Metal3DataTemplate) (field.ErrorList, []string)
 	return introduced, warnings
 }
 
-// errorKey is what makes two errors the same for ratcheting: their type, field and value, not
-// their message, which may name other places.
+// errorKey identifies an error for ratcheting; its message may name other places.
 type errorKey struct {
 	Type  field.ErrorType
 	Field string
@@ -119,7 +112,6 @@ func keyOf(err *field.Error) errorKey {
 	return errorKey{Type: err.Type, Field: err.Field, Value: fmt.Sprint(err.BadValue)}
 }
 
-// poolSet is the set of pools a template names directly, which the live checks look at.
 func poolSet(tmpl *infrav1.Metal3DataTemplate) map[allocation.PoolRef]bool {
 	pools, _ := allocation.Resolve(tmpl, allocation.Machine{})
 	set := make(map[allocation.PoolRef]bool, len(pools))
@@ -129,8 +121,7 @@ func poolSet(tmpl *infrav1.Metal3DataTemplate) map[allocation.PoolRef]bool {
 	return set
 }
 
-// poolWarnings says which directly referenced pools no installed API serves, or do not exist.
-// Each read ends at ctx's deadline; what is not known by then is logged, not warned about.
+// poolWarnings names referenced pools not served or not existing; what ctx cuts short is logged.
 func (v *Metal3DataTemplate) poolWarnings(ctx context.Context, tmpl *infrav1.Metal3DataTemplate) []string {
 	logger := log.FromContext(ctx).WithValues("Metal3DataTemplate", klog.KObj(tmpl))
 	var warnings []string
@@ -159,8 +150,7 @@ func (v *Metal3DataTemplate) poolWarnings(ctx context.Context, tmpl *infrav1.Met
 	return warnings
 }
 
-// restMapping bounds a RESTMapper lookup by ctx: a group the mapper has not cached yet is
-// discovered from the API server, and that read takes no context.
+// restMapping bounds a RESTMapper lookup by ctx: discovering an uncached group takes no context.
 func restMapping(ctx context.Context, mapper meta.RESTMapper, gk schema.GroupKind) (*meta.RESTMapping, error) {
 	type result struct {
 		mapping *meta.RESTMapping

@@ -1,5 +1,5 @@
-// Package validate holds the validating admission handlers: Metal3DataTemplate pool references
-// are checked when the template is applied, instead of failing a Metal3Data at reconcile time.
+// Package validate checks Metal3DataTemplate pool references at admission, instead of failing a
+// Metal3Data at reconcile time.
 package validate
 
 import (
@@ -16,16 +16,11 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// MaxIndex is the largest Metal3Data index a template is expected to serve. CAPM3 names a
-// Metal3Data <template>-<index> and its claims <template>-<index>-<pool>, so claim names grow
-// with the index.
+// MaxIndex is the largest Metal3Data index a template is expected to serve.
 const MaxIndex = 999999
 
-// PoolReferences validates the pool references of a Metal3DataTemplate without reading anything
-// else. It rejects only what CAPM3 fails on at reconcile time, for every Metal3Data of the
-// template: one pool name used with two group/kinds, a fromPoolAnnotation that names an unknown
-// object or an invalid annotation key, and claim names that are invalid from index 0 on. It warns
-// where CAPM3 silently ignores something, and when claim names stop fitting below MaxIndex.
+// PoolReferences rejects only what CAPM3 fails every Metal3Data of the template on, and warns where
+// CAPM3 silently ignores something or claim names stop fitting below MaxIndex.
 func PoolReferences(tmpl *infrav1.Metal3DataTemplate) (field.ErrorList, []string) {
 	var errs field.ErrorList
 	var warnings []string
@@ -52,8 +47,7 @@ func PoolReferences(tmpl *infrav1.Metal3DataTemplate) (field.ErrorList, []string
 	return errs, warnings
 }
 
-// resolveError turns an error of allocation.Resolve for a template on its own, which can only be
-// a conflict, into the error a user sees.
+// resolveError turns a conflict, Resolve's only error without a machine, into a field error.
 func resolveError(err error) *field.Error {
 	var conflict *allocation.PoolConflictError
 	if !errors.As(err, &conflict) {
@@ -76,9 +70,8 @@ func validateFromAnnotation(path *field.Path, ann infrav1.FromPoolAnnotation) fi
 	return errs
 }
 
-// validateClaimName checks the names CAPM3 gives the claims of pool. Only their length depends on
-// the index, so a name that is invalid for index 0 is invalid for every Metal3Data, and one that
-// is valid for index 0 becomes too long at some index, for which it warns.
+// validateClaimName rejects claim names invalid at index 0, hence at every index, and warns when
+// only a larger index makes them too long.
 func validateClaimName(path *field.Path, template, pool string) (field.ErrorList, []string) {
 	name := allocation.ClaimName(allocation.DataName(template, 0), pool)
 	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
