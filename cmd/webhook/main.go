@@ -169,21 +169,57 @@ func newScheme() *runtime.Scheme {
 }
 
 func run(ctx context.Context, o options) error {
-	tlsOpts, metricsOpts, err := flags.GetManagerOptions(o.manager)
+	scheme := newScheme()
+	mgr, err := newManager(o, scheme)
 	if err != nil {
 		return err
+	}
+	// Informers registered before the start are part of the readiness cache sync.
+	for _, obj := range cached(o.ipamWait > 0) {
+		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
+			return err
+		}
+	}
+	if err := registerCacheSizes(mgr.GetCache(), scheme, cached(o.ipamWait > 0)); err != nil {
+		return err
+	}
+	admissions := &handover.Admissions{TTL: o.releaseGrace}
+	creations, err := setupCreations(ctx, mgr, o, admissions)
+	if err != nil {
+		return err
+	}
+	if err := setupWebhooks(ctx, mgr, o, scheme, creations); err != nil {
+		return err
+	}
+	if err := setupControllers(ctx, mgr, o, admissions, creations); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("cache", cacheSynced(mgr.GetCache())); err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}
+
+func newManager(o options, scheme *runtime.Scheme) (ctrl.Manager, error) {
+	tlsOpts, metricsOpts, err := flags.GetManagerOptions(o.manager)
+	if err != nil {
+		return nil, err
 	}
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 		metricsOpts.TLSOpts = append(metricsOpts.TLSOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
-
 	cfg := ctrl.GetConfigOrDie()
 	cfg.QPS, cfg.Burst = o.qps, o.burst
 	// Every claim carries CAPM3's finalizer, which the API server warns about on each create.
 	cfg.WarningHandlerWithContext = log.NewKubeAPIWarningLogger(log.KubeAPIWarningLoggerOptions{Deduplicate: true})
-	scheme := newScheme()
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+	return ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 *metricsOpts,
 		HealthProbeBindAddress:  o.healthAddr,
@@ -200,21 +236,9 @@ func run(ctx context.Context, o options) error {
 			TLSOpts: tlsOpts,
 		}),
 	})
-	if err != nil {
-		return err
-	}
+}
 
-	// Informers registered before the start are part of the readiness cache sync.
-	for _, obj := range cached(o.ipamWait > 0) {
-		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
-			return err
-		}
-	}
-	if err := registerCacheSizes(mgr.GetCache(), scheme, cached(o.ipamWait > 0)); err != nil {
-		return err
-	}
-
-	admissions := &handover.Admissions{TTL: o.releaseGrace}
+func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions *handover.Admissions) (*handover.Creations, error) {
 	creations := &handover.Creations{
 		Admissions: admissions,
 		Creator:    &allocation.Creator{Client: mgr.GetClient(), Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader()},
@@ -223,20 +247,25 @@ func run(ctx context.Context, o options) error {
 		IPAMWait:   o.ipamWait,
 	}
 	if err := mgr.Add(creations); err != nil {
-		return err
+		return nil, err
 	}
-	if o.ipamWait > 0 {
-		creations.IPAMLag = &handover.IPAMLag{}
-		for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
-			informer, err := mgr.GetCache().GetInformer(ctx, claim)
-			if err != nil {
-				return err
-			}
-			if _, err := informer.AddEventHandler(creations.IPAMLag.ClaimEvents()); err != nil {
-				return err
-			}
+	if o.ipamWait <= 0 {
+		return creations, nil
+	}
+	creations.IPAMLag = &handover.IPAMLag{}
+	for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
+		informer, err := mgr.GetCache().GetInformer(ctx, claim)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := informer.AddEventHandler(creations.IPAMLag.ClaimEvents()); err != nil {
+			return nil, err
 		}
 	}
+	return creations, nil
+}
+
+func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *runtime.Scheme, creations *handover.Creations) error {
 	deletions := &mutate.Deletions{Window: reusedNameHoldoff}
 	dataInformer, err := mgr.GetCache().GetInformer(ctx, allocation.Metadata(allocation.Metal3DataGVK))
 	if err != nil {
@@ -256,11 +285,10 @@ func run(ctx context.Context, o options) error {
 			Deletions:    deletions,
 			OnAdmitted:   creations.Admitted,
 		}})
+	return (&validate.Metal3DataTemplate{Reader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper()}).SetupWebhookWithManager(mgr)
+}
 
-	if err := (&validate.Metal3DataTemplate{Reader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper()}).SetupWebhookWithManager(mgr); err != nil {
-		return err
-	}
-
+func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, admissions *handover.Admissions, creations *handover.Creations) error {
 	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
 		if err := handover.IndexWaitingFor(ctx, mgr, gvk); err != nil {
 			return err
@@ -279,21 +307,7 @@ func run(ctx context.Context, o options) error {
 	}).SetupWithManager(mgr, concurrency); err != nil {
 		return err
 	}
-
-	if err := (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, concurrency); err != nil {
-		return err
-	}
-
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("cache", cacheSynced(mgr.GetCache())); err != nil {
-		return err
-	}
-	return mgr.Start(ctx)
+	return (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, concurrency)
 }
 
 // cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.

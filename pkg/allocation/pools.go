@@ -62,71 +62,81 @@ type Reference struct {
 
 // References lists a template's pool references in the order CAPM3's getReferencedPools visits them.
 func References(tmpl *infrav1.Metal3DataTemplate) []Reference {
-	var refs []Reference
 	spec := field.NewPath("spec")
-	if md := tmpl.Spec.MetaData; md != nil {
-		p := spec.Child("metaData")
-		for _, list := range []struct {
-			name  string
-			pools []infrav1.FromPool
-		}{
-			{"ipAddressesFromPool", md.IPAddressesFromPool},
-			{"prefixesFromPool", md.PrefixesFromPool},
-			{"gatewaysFromPool", md.GatewaysFromPool},
-			{"dnsServersFromPool", md.DNSServersFromPool},
-		} {
-			for i, pool := range list.pools {
-				refs = append(refs, Reference{
-					Path:              p.Child(list.name).Index(i).Child("name"),
-					Pool:              infrav1.IPPoolReference{Name: pool.Name, APIGroup: Metal3PoolGroup, Kind: Metal3PoolKind},
-					MetaDataGroupKind: &metav1.GroupKind{Group: pool.APIGroup, Kind: pool.Kind},
-				})
-			}
-		}
-	}
+	refs := metaDataRefs(tmpl.Spec.MetaData, spec.Child("metaData"))
 	nd := tmpl.Spec.NetworkData
 	if nd != nil && nd.Networks != nil {
-		p := spec.Child("networkData", "networks")
-		for i, n := range nd.Networks.IPv4 {
-			np := p.Child("ipv4").Index(i)
-			refs = appendAddressRefs(refs, np, n.FromPoolAnnotation, n.FromPoolRef, n.IPAddressFromIPPool)
-			for j, r := range n.Routes {
-				refs = appendRouteRefs(refs, np.Child("routes").Index(j), &r.Gateway.FromPoolAnnotation,
-					r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv4(r.Services))
-			}
-		}
-		for i, n := range nd.Networks.IPv6 {
-			np := p.Child("ipv6").Index(i)
-			refs = appendAddressRefs(refs, np, n.FromPoolAnnotation, n.FromPoolRef, n.IPAddressFromIPPool)
-			for j, r := range n.Routes {
-				refs = appendRouteRefs(refs, np.Child("routes").Index(j), &r.Gateway.FromPoolAnnotation,
-					r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv6(r.Services))
-			}
-		}
-		// CAPM3 ignores fromPoolAnnotation on the routes of DHCP and SLAAC networks.
-		for i, n := range nd.Networks.IPv4DHCP {
-			for j, r := range n.Routes {
-				refs = appendRouteRefs(refs, p.Child("ipv4DHCP").Index(i).Child("routes").Index(j), nil,
-					r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv4(r.Services))
-			}
-		}
-		for _, list := range []struct {
-			name     string
-			networks []infrav1.NetworkDataIPv6DHCP
-		}{{"ipv6DHCP", nd.Networks.IPv6DHCP}, {"ipv6SLAAC", nd.Networks.IPv6SLAAC}} {
-			for i, n := range list.networks {
-				for j, r := range n.Routes {
-					refs = appendRouteRefs(refs, p.Child(list.name).Index(i).Child("routes").Index(j), nil,
-						r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv6(r.Services))
-				}
-			}
-		}
+		refs = append(refs, networkRefs(nd.Networks, spec.Child("networkData", "networks"))...)
 	}
 	if nd != nil && nd.Services != nil && nd.Services.DNSFromIPPool != "" {
 		refs = append(refs, Reference{
 			Path: spec.Child("networkData", "services", "dnsFromIPPool"),
 			Pool: infrav1.IPPoolReference{Name: nd.Services.DNSFromIPPool},
 		})
+	}
+	return refs
+}
+
+func metaDataRefs(md *infrav1.MetaData, p *field.Path) []Reference {
+	if md == nil {
+		return nil
+	}
+	var refs []Reference
+	for _, list := range []struct {
+		name  string
+		pools []infrav1.FromPool
+	}{
+		{"ipAddressesFromPool", md.IPAddressesFromPool},
+		{"prefixesFromPool", md.PrefixesFromPool},
+		{"gatewaysFromPool", md.GatewaysFromPool},
+		{"dnsServersFromPool", md.DNSServersFromPool},
+	} {
+		for i, pool := range list.pools {
+			refs = append(refs, Reference{
+				Path:              p.Child(list.name).Index(i).Child("name"),
+				Pool:              infrav1.IPPoolReference{Name: pool.Name, APIGroup: Metal3PoolGroup, Kind: Metal3PoolKind},
+				MetaDataGroupKind: &metav1.GroupKind{Group: pool.APIGroup, Kind: pool.Kind},
+			})
+		}
+	}
+	return refs
+}
+
+func networkRefs(networks *infrav1.NetworkDataNetwork, p *field.Path) []Reference {
+	var refs []Reference
+	for i, n := range networks.IPv4 {
+		np := p.Child("ipv4").Index(i)
+		refs = appendAddressRefs(refs, np, n.FromPoolAnnotation, n.FromPoolRef, n.IPAddressFromIPPool)
+		for j, r := range n.Routes {
+			refs = appendRouteRefs(refs, np.Child("routes").Index(j), &r.Gateway.FromPoolAnnotation,
+				r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv4(r.Services))
+		}
+	}
+	for i, n := range networks.IPv6 {
+		np := p.Child("ipv6").Index(i)
+		refs = appendAddressRefs(refs, np, n.FromPoolAnnotation, n.FromPoolRef, n.IPAddressFromIPPool)
+		for j, r := range n.Routes {
+			refs = appendRouteRefs(refs, np.Child("routes").Index(j), &r.Gateway.FromPoolAnnotation,
+				r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv6(r.Services))
+		}
+	}
+	// CAPM3 ignores fromPoolAnnotation on the routes of DHCP and SLAAC networks.
+	for i, n := range networks.IPv4DHCP {
+		for j, r := range n.Routes {
+			refs = appendRouteRefs(refs, p.Child("ipv4DHCP").Index(i).Child("routes").Index(j), nil,
+				r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv4(r.Services))
+		}
+	}
+	for _, list := range []struct {
+		name     string
+		networks []infrav1.NetworkDataIPv6DHCP
+	}{{"ipv6DHCP", networks.IPv6DHCP}, {"ipv6SLAAC", networks.IPv6SLAAC}} {
+		for i, n := range list.networks {
+			for j, r := range n.Routes {
+				refs = appendRouteRefs(refs, p.Child(list.name).Index(i).Child("routes").Index(j), nil,
+					r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv6(r.Services))
+			}
+		}
 	}
 	return refs
 }

@@ -84,7 +84,7 @@ type Preallocator struct {
 	Deletions *Deletions
 	// OnAdmitted hears, before the answer, of every admission that recorded claims or warns. It may
 	// wait for the creates to be sent, never for a write: CAPM3 creates Metal3Data one by one.
-	OnAdmitted func(ctx context.Context, key types.NamespacedName, token, stored string, claims []allocation.Claim, warning string)
+	OnAdmitted func(ctx context.Context, key types.NamespacedName, token, dataToken string, claims []allocation.Claim, warning string)
 }
 
 var _ admission.Handler = &Preallocator{}
@@ -134,7 +134,12 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	if reason := p.nameInUse(ctx, data); reason != "" {
 		return p.leftToCAPM3(ctx, data, claims, skipf(ReasonNameInUse, "%s", reason))
 	}
-	token := string(req.UID)
+	return p.record(ctx, data, string(req.UID), claims)
+}
+
+// record records on data the claims it can create ahead of CAPM3, under the admission token, and
+// leaves the others to CAPM3 with a warning.
+func (p *Preallocator) record(ctx context.Context, data *infrav1.Metal3Data, token string, claims []allocation.Claim) admission.Response {
 	var (
 		recorded []allocation.Claim
 		refs     []allocation.ClaimRef
@@ -143,7 +148,7 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	for _, c := range claims {
 		name, err := allocation.Usable(ctx, p.Reader, data.Name, c)
 		if err != nil {
-			logger.Info("IP claim left to CAPM3", c.Kind(), klog.KRef(data.Namespace, c.Object.GetName()), "error", err)
+			log.FromContext(ctx).Info("IP claim left to CAPM3", c.Kind(), klog.KRef(data.Namespace, c.Object.GetName()), "error", err)
 			warnings = append(warnings, fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %v", c.Kind(), c.Object.GetName(), err))
 			continue
 		}
@@ -164,7 +169,7 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 		outcome = "partial"
 	}
 	admissionsTotal.WithLabelValues(outcome, "").Inc()
-	logger.V(2).Info("Recorded IP claims to create ahead of CAPM3", "count", len(recorded))
+	log.FromContext(ctx).V(2).Info("Recorded IP claims to create ahead of CAPM3", "count", len(recorded))
 	p.admitted(ctx, data, token, recorded, warnings...)
 	return admission.Patched("", recordPatch(data.Annotations, record)...).WithWarnings(warnings...)
 }
@@ -232,11 +237,11 @@ func (p *Preallocator) skipped(ctx context.Context, data *infrav1.Metal3Data, s 
 
 func (p *Preallocator) admitted(ctx context.Context, data *infrav1.Metal3Data, token string, claims []allocation.Claim, warnings ...string) {
 	if p.OnAdmitted != nil && data.Name != "" {
-		stored := token
-		if stored == "" {
-			stored = data.Annotations[allocation.AdmissionAnnotation]
+		dataToken := token
+		if dataToken == "" {
+			dataToken = data.Annotations[allocation.AdmissionAnnotation]
 		}
-		p.OnAdmitted(ctx, types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, stored, claims, strings.Join(warnings, "; "))
+		p.OnAdmitted(ctx, types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, dataToken, claims, strings.Join(warnings, "; "))
 	}
 }
 
@@ -267,6 +272,31 @@ func (p *Preallocator) plan(ctx context.Context, data *infrav1.Metal3Data) ([]al
 		return nil, skipf(ReasonNoTemplate, "spec.template is not set")
 	}
 
+	tmpl, err := p.template(ctx, data)
+	if err != nil {
+		return nil, err
+	}
+	m3m, err := p.metal3Machine(ctx, data, tmpl)
+	if err != nil {
+		return nil, err
+	}
+	machine, err := p.ownerMachine(ctx, m3m)
+	if err != nil {
+		return nil, err
+	}
+	bmh, err := p.host(ctx, m3m)
+	if err != nil {
+		return nil, err
+	}
+	pools, err := allocation.ReferencedPools(tmpl, allocation.Machine{Machine: machine, Metal3Machine: m3m, BareMetalHost: bmh})
+	if err != nil {
+		return nil, skipf(ReasonInvalidReferences, "Metal3DataTemplate %s: %v", tmpl.Name, err)
+	}
+	return allocation.Plan(data, pools, bmh.Name, p.BMHNameBased), nil
+}
+
+// template reads the Metal3DataTemplate of data, with the checks CAPM3 makes before it claims.
+func (p *Preallocator) template(ctx context.Context, data *infrav1.Metal3Data) (*infrav1.Metal3DataTemplate, error) {
 	clusterName := data.Labels[clusterv1.ClusterNameLabel]
 	if clusterName == "" {
 		return nil, skipf(ReasonClusterNotFound, "label %s is not set", clusterv1.ClusterNameLabel)
@@ -297,24 +327,7 @@ func (p *Preallocator) plan(ctx context.Context, data *infrav1.Metal3Data) ([]al
 	if data.Spec.Index != nil && data.Name != allocation.DataName(tmpl.Name, int(*data.Spec.Index)) {
 		return nil, skipf(ReasonInvalidName, "name does not follow <template>-<index>")
 	}
-
-	m3m, err := p.metal3Machine(ctx, data, tmpl)
-	if err != nil {
-		return nil, err
-	}
-	machine, err := p.ownerMachine(ctx, m3m)
-	if err != nil {
-		return nil, err
-	}
-	bmh, err := p.host(ctx, m3m)
-	if err != nil {
-		return nil, err
-	}
-	pools, err := allocation.ReferencedPools(tmpl, allocation.Machine{Machine: machine, Metal3Machine: m3m, BareMetalHost: bmh})
-	if err != nil {
-		return nil, skipf(ReasonInvalidReferences, "Metal3DataTemplate %s: %v", tmpl.Name, err)
-	}
-	return allocation.Plan(data, pools, bmh.Name, p.BMHNameBased), nil
+	return tmpl, nil
 }
 
 // metal3Machine follows the Metal3DataClaim to its Metal3Machine, as CAPM3's getM3Machine does.
