@@ -5,14 +5,21 @@ set -euo pipefail
 # Each build says how long it took: the first one on a machine with empty Go caches pays for the
 # module downloads and the shared Kubernetes packages, the later ones reuse them.
 trap 'echo "make tools: $SECONDS s in all"' EXIT
+# With names (make's rule for one tool), only those are built.
+wanted=("$@")
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/bin"
 mkdir -p "$bin"
 
 # build NAME VERSION MODULE_DIR PACKAGE
+wanted() {
+  [[ ${#wanted[@]} -eq 0 || " ${wanted[*]} " == *" $1 "* ]]
+}
+
 build() {
   local name=$1 version=$2 dir=$3 pkg=$4
   local stamp="$bin/.$name.version"
+  wanted "$name" || return 0
   if [[ -x "$bin/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
     return
   fi
@@ -38,6 +45,7 @@ build cluster-api-ipam-provider-in-cluster "$incluster_version" "$root/hack/tool
 install() {
   local name=$1 pkg=$2 version=$3
   local stamp="$bin/.$name.version"
+  wanted "$name" || return 0
   if [[ -x "$bin/$name" && -f "$stamp" && "$(cat "$stamp")" == "$version" ]]; then
     return
   fi

@@ -12,7 +12,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -103,15 +102,11 @@ func TestLifecycle(t *testing.T) {
 }
 
 // apply installs a release as the README says: `make release`, then
-// `clusterctl generate yaml --from out/install.yaml | kubectl apply -f -`, CAPM3's variable unset.
+// `kubectl apply -f out/install.yaml`.
 func apply(t *testing.T, dir, version string) {
 	t.Helper()
 	makeTarget(t, "release", "RELEASE_DIR="+dir, "IMG="+image(version), "VERSION="+version)
-	raw, err := os.ReadFile(filepath.Join(dir, "install.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubectl(t, substitute(t, raw, nil), "apply", "-f", "-")
+	kubectl(t, nil, "apply", "-f", filepath.Join(dir, "install.yaml"))
 }
 
 func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version string) ([]byte, *harness.Pod) { //nolint:thelper // the body of a TestLifecycle subtest, not a helper: failures should name its own lines
@@ -297,9 +292,9 @@ func testUpgrade(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 	rejectLabelled(t)
 	waiting := w.rejectSome(t, 3)
 
-	// This time with make deploy, which substitutes CAPM3's variable itself.
+	// This time with make deploy.
 	makeTarget(t, "deploy", "RELEASE_DIR="+dir, "IMG="+image(version), "VERSION="+version,
-		"ENABLE_BMH_NAME_BASED_PREALLOCATION=false", "KUBECTL="+filepath.Join(cp.Root, "bin", "kubectl"))
+		"KUBECTL="+filepath.Join(cp.Root, "bin", "kubectl"))
 	var pod *harness.Pod
 	harness.Eventually(t, 90*time.Second, func() error {
 		if pod = dep.Current(); pod == nil || pod.Image != image(version) {

@@ -73,10 +73,10 @@ func makeTarget(t *testing.T, target string, vars ...string) string {
 
 // release writes the release of a version into a directory of its own and returns the path of
 // its install.yaml.
-func release(t *testing.T, img, version string) string {
+func release(t *testing.T, img, version string, vars ...string) string {
 	t.Helper()
 	dir := t.TempDir()
-	makeTarget(t, "release", "RELEASE_DIR="+dir, "IMG="+img, "VERSION="+version)
+	makeTarget(t, "release", append([]string{"RELEASE_DIR=" + dir, "IMG=" + img, "VERSION=" + version}, vars...)...)
 	return filepath.Join(dir, "install.yaml")
 }
 

@@ -1,6 +1,7 @@
 package install
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -21,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"sigs.k8s.io/cluster-api/cmd/clusterctl/client/yamlprocessor"
 
 	"github.com/metal3-community/ip-preallocator/test/harness"
 )
@@ -68,22 +68,6 @@ func one[T any](t *testing.T, m manifests, kind string) *T {
 		t.Fatalf("%d objects of kind %s, want 1", len(objs), kind)
 	}
 	return objs[0]
-}
-
-// substitute processes a release as `clusterctl generate yaml --from` does, with vars as the
-// environment.
-func substitute(t *testing.T, data []byte, vars map[string]string) []byte {
-	t.Helper()
-	out, err := yamlprocessor.NewSimpleProcessor().Process(data, func(name string) (string, error) {
-		if v, ok := vars[name]; ok {
-			return v, nil
-		}
-		return "", os.ErrNotExist
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 func capm3File(t *testing.T, path string) manifests {
@@ -157,31 +141,28 @@ func TestRenderedManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The one variable is CAPM3's, with CAPM3's default, substituted as clusterctl does.
-	vars, err := yamlprocessor.NewSimpleProcessor().GetVariableMap(raw)
-	if err != nil {
-		t.Fatal(err)
+	// kubectl applies it as it is: no variable for clusterctl to substitute.
+	if bytes.Contains(raw, []byte("${")) {
+		t.Errorf("the release has a variable to substitute:\n%s", grep(string(raw), `\$\{`))
 	}
-	if len(vars) != 1 || vars[bmhVariable] == nil || *vars[bmhVariable] != "false" {
-		t.Errorf("release variables %v, want only %s with default false", vars, bmhVariable)
-	}
-	const bmhArg = "--enable-bmh-name-based-preallocation=${" + bmhVariable + ":=false}"
+	// The BMH-name mode matches CAPM3's flag of the same name, chosen at make release.
+	const bmhFlag = "--enable-bmh-name-based-preallocation"
 	capm3 := one[appsv1.Deployment](t, capm3File(t, "config/manager/manager.yaml"), "Deployment")
-	if !slices.Contains(capm3.Spec.Template.Spec.Containers[0].Args, bmhArg) {
-		t.Errorf("CAPM3's manager does not take %s; args %v", bmhArg, capm3.Spec.Template.Spec.Containers[0].Args)
+	if !slices.Contains(capm3.Spec.Template.Spec.Containers[0].Args, bmhFlag+"=${"+bmhVariable+":=false}") {
+		t.Errorf("CAPM3's manager does not take %s from %s; args %v", bmhFlag, bmhVariable, capm3.Spec.Template.Spec.Containers[0].Args)
 	}
-	for value, want := range map[string]string{"": "false", "true": "true"} {
-		env := map[string]string{}
-		if value != "" {
-			env[bmhVariable] = value
+	for value, path := range map[string]string{"false": release(t, img, version), "true": release(t, img, version, bmhVariable+"=true")} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
 		}
-		dep := one[appsv1.Deployment](t, decode(t, substitute(t, raw, env)), "Deployment")
-		if arg := "--enable-bmh-name-based-preallocation=" + want; !slices.Contains(dep.Spec.Template.Spec.Containers[0].Args, arg) {
-			t.Errorf("%s=%q: args %v, want %s", bmhVariable, value, dep.Spec.Template.Spec.Containers[0].Args, arg)
+		dep := one[appsv1.Deployment](t, decode(t, data), "Deployment")
+		if args := dep.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, bmhFlag+"="+value) {
+			t.Errorf("make release %s=%s: args %v, want %s=%s", bmhVariable, value, args, bmhFlag, value)
 		}
 	}
 
-	objs := decode(t, substitute(t, raw, nil))
+	objs := decode(t, raw)
 	ns := one[corev1.Namespace](t, objs, "Namespace")
 	for _, u := range objs {
 		if u.GetNamespace() != "" && u.GetNamespace() != ns.Name {
