@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	logsv1 "k8s.io/component-base/logs/api/v1"
 )
 
 func TestCheckFlags(t *testing.T) {
@@ -29,5 +30,28 @@ func TestCheckFlags(t *testing.T) {
 				t.Fatalf("error %v, want error %v", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestFlagsLikeCAPIProviders: the logging format and the leader election timings parse and reach
+// the options, as in every Cluster API provider.
+func TestFlagsLikeCAPIProviders(t *testing.T) {
+	var o options
+	fs := pflag.NewFlagSet("webhook", pflag.ContinueOnError)
+	o.addFlags(fs)
+	if err := fs.Parse([]string{"--logging-format=json", "--v=3", "--leader-elect-lease-duration=30s",
+		"--leader-elect-renew-deadline=20s", "--leader-elect-retry-period=4s"}); err != nil {
+		t.Fatal(err)
+	}
+	if o.logs.Format != "json" || o.logs.Verbosity != 3 {
+		t.Errorf("logging format %q, verbosity %d", o.logs.Format, o.logs.Verbosity)
+	}
+	if o.leaseDuration != 30*time.Second || o.renewDeadline != 20*time.Second || o.retryPeriod != 4*time.Second {
+		t.Errorf("leader election %v %v %v", o.leaseDuration, o.renewDeadline, o.retryPeriod)
+	}
+	if err := fs.Parse([]string{"--logging-format=xml"}); err == nil {
+		if err := logsv1.Validate(o.logs, nil, nil); len(err) == 0 {
+			t.Error("logging format xml accepted")
+		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"net/http"
 	"os"
@@ -19,6 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/component-base/logs"
+	logsv1 "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
@@ -59,8 +61,12 @@ type options struct {
 	certDir          string
 	healthAddr       string
 	enableHTTP2      bool
+	logs             *logs.Options
 	leaderElect      bool
 	leaderElectionNS string
+	leaseDuration    time.Duration
+	renewDeadline    time.Duration
+	retryPeriod      time.Duration
 	bmhNameBased     bool
 	admissionTimeout time.Duration
 	releaseGrace     time.Duration
@@ -73,6 +79,8 @@ type options struct {
 }
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
+	o.logs = logs.NewOptions()
+	logsv1.AddFlags(o.logs, fs)
 	flags.AddManagerOptions(fs, &o.manager)
 	fs.StringVar(&o.webhookHost, "webhook-host", "", "Address the webhook server binds to; empty for all.")
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "Port the webhook server listens on.")
@@ -83,6 +91,12 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"Serve HTTP/2 on the webhook and metrics servers (off because of CVE-2023-44487 and CVE-2023-39325).")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false,
 		"Elect a leader among replicas for the controllers; the webhook is served by every replica.")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second,
+		"How long a non-leader waits before it forces a stale lease.")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second,
+		"How long the leader retries renewing its lease before it gives up.")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second,
+		"How long candidates wait between attempts to acquire or renew the lease.")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "",
 		"Namespace of the leader election lease; defaults to the pod's namespace.")
 	fs.BoolVar(&o.bmhNameBased, "enable-bmh-name-based-preallocation", false,
@@ -108,11 +122,12 @@ func main() {
 	fs := pflag.NewFlagSet("webhook", pflag.ExitOnError)
 	o.addFlags(fs)
 	showVersion := addVersionFlag(fs)
-	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
 	_ = fs.Parse(os.Args[1:])
 	printVersionAndExit(*showVersion)
+	if err := logsv1.ValidateAndApply(o.logs, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "Invalid logging flags:", err)
+		os.Exit(2)
+	}
 	ctrl.SetLogger(klog.Background())
 	if err := o.checkFlags(); err != nil {
 		klog.Background().Error(err, "Invalid flags")
@@ -226,6 +241,9 @@ func newManager(o options, scheme *runtime.Scheme) (ctrl.Manager, error) {
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "ip-preallocator.metal3.io",
 		LeaderElectionNamespace: o.leaderElectionNS,
+		LeaseDuration:           &o.leaseDuration,
+		RenewDeadline:           &o.renewDeadline,
+		RetryPeriod:             &o.retryPeriod,
 		// A replaced or restarted leader hands the lease on at once instead of letting it expire.
 		LeaderElectionReleaseOnCancel: true,
 		Cache:                         cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
