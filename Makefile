@@ -20,6 +20,8 @@ RELEASE_DIR ?= out
 # Set exactly as CAPM3's variable of the same name: true renders the release with
 # config/components/bmh-name-based, which names IPClaims <baremetalhost>-<pool> as CAPM3 then does.
 ENABLE_BMH_NAME_BASED_PREALLOCATION ?= false
+# false renders the release without the Metal3DataTemplate validation (config/components/no-template-validation).
+TEMPLATE_VALIDATION ?= true
 KUBECTL ?= kubectl
 # The one way the webhook binary is built: by make build here, in CI (the test harness runs it)
 # and in the Dockerfile. Static (no cgo), reproducible paths, the version stamped.
@@ -105,7 +107,7 @@ run: build ## Run the webhook against the current kubeconfig, with certificates 
 ##@ Release
 
 .PHONY: release
-release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: config/default with IMG, VERSION and ENABLE_BMH_NAME_BASED_PREALLOCATION.
+release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: config/default with IMG, VERSION, ENABLE_BMH_NAME_BASED_PREALLOCATION and TEMPLATE_VALIDATION.
 	@mkdir -p $(RELEASE_DIR)
 	@overlay=$$(mktemp -d) && trap 'rm -rf "$$overlay"' EXIT && cd "$$overlay" && \
 	$(KUSTOMIZE) create --resources "$$(realpath --relative-to=. $(CURDIR)/config/default)" && \
@@ -113,6 +115,8 @@ release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: co
 	$(KUSTOMIZE) edit add label --without-selector --include-templates app.kubernetes.io/version:$(VERSION) && \
 	if [ "$(ENABLE_BMH_NAME_BASED_PREALLOCATION)" = true ]; then \
 		$(KUSTOMIZE) edit add component "$$(realpath --relative-to=. $(CURDIR)/config/components/bmh-name-based)"; fi && \
+	if [ "$(TEMPLATE_VALIDATION)" = false ]; then \
+		$(KUSTOMIZE) edit add component "$$(realpath --relative-to=. $(CURDIR)/config/components/no-template-validation)"; fi && \
 	$(KUSTOMIZE) build . > $(abspath $(RELEASE_DIR))/install.yaml
 	@echo "$(RELEASE_DIR)/install.yaml: $(IMG), version $(VERSION), BMH-name-based claims $(ENABLE_BMH_NAME_BASED_PREALLOCATION)"
 

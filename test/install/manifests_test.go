@@ -162,6 +162,19 @@ func TestRenderedManifests(t *testing.T) {
 		}
 	}
 
+	// The template validation is on by default and can be left out; the preallocation stays.
+	withoutValidation, err := os.ReadFile(release(t, img, version, "TEMPLATE_VALIDATION=false"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, m := range map[string]manifests{"default": decode(t, raw), "TEMPLATE_VALIDATION=false": decode(t, withoutValidation)} {
+		validating, mutating := len(all[admissionv1.ValidatingWebhookConfiguration](t, m, "ValidatingWebhookConfiguration")),
+			len(all[admissionv1.MutatingWebhookConfiguration](t, m, "MutatingWebhookConfiguration"))
+		if want := name == "default"; (validating == 1) != want || mutating != 1 {
+			t.Errorf("%s: %d validating and %d mutating webhook configurations", name, validating, mutating)
+		}
+	}
+
 	objs := decode(t, raw)
 	ns := one[corev1.Namespace](t, objs, "Namespace")
 	for _, u := range objs {
