@@ -22,6 +22,10 @@ RELEASE_DIR ?= out
 ENABLE_BMH_NAME_BASED_PREALLOCATION ?= false
 # false renders the release without the Metal3DataTemplate validation (config/components/no-template-validation).
 TEMPLATE_VALIDATION ?= true
+# Scope the release as CAPM3's --namespace and --watch-filter scope CAPM3: the webhooks' namespace
+# and object selectors, and the flags that restrict the caches and controllers.
+WATCH_NAMESPACE ?=
+WATCH_FILTER ?=
 KUBECTL ?= kubectl
 # The one way the webhook binary is built: by make build here, in CI (the test harness runs it)
 # and in the Dockerfile. Static (no cgo), reproducible paths, the version stamped.
@@ -107,7 +111,7 @@ run: build ## Run the webhook against the current kubeconfig, with certificates 
 ##@ Release
 
 .PHONY: release
-release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: config/default with IMG, VERSION, ENABLE_BMH_NAME_BASED_PREALLOCATION and TEMPLATE_VALIDATION.
+release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: config/default with IMG, VERSION, ENABLE_BMH_NAME_BASED_PREALLOCATION, TEMPLATE_VALIDATION, WATCH_NAMESPACE and WATCH_FILTER.
 	@mkdir -p $(RELEASE_DIR)
 	@overlay=$$(mktemp -d) && trap 'rm -rf "$$overlay"' EXIT && cd "$$overlay" && \
 	$(KUSTOMIZE) create --resources "$$(realpath --relative-to=. $(CURDIR)/config/default)" && \
@@ -117,6 +121,14 @@ release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: co
 		$(KUSTOMIZE) edit add component "$$(realpath --relative-to=. $(CURDIR)/config/components/bmh-name-based)"; fi && \
 	if [ "$(TEMPLATE_VALIDATION)" = false ]; then \
 		$(KUSTOMIZE) edit add component "$$(realpath --relative-to=. $(CURDIR)/config/components/no-template-validation)"; fi && \
+	if [ -n "$(WATCH_NAMESPACE)" ]; then \
+		$(KUSTOMIZE) edit add patch --kind Deployment --patch '[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--namespace=$(WATCH_NAMESPACE)"}]' && \
+		for kind in MutatingWebhookConfiguration ValidatingWebhookConfiguration; do \
+			$(KUSTOMIZE) edit add patch --kind $$kind --patch '[{"op":"add","path":"/webhooks/0/namespaceSelector","value":{"matchLabels":{"kubernetes.io/metadata.name":"$(WATCH_NAMESPACE)"}}}]'; done; fi && \
+	if [ -n "$(WATCH_FILTER)" ]; then \
+		$(KUSTOMIZE) edit add patch --kind Deployment --patch '[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--watch-filter=$(WATCH_FILTER)"}]' && \
+		for kind in MutatingWebhookConfiguration ValidatingWebhookConfiguration; do \
+			$(KUSTOMIZE) edit add patch --kind $$kind --patch '[{"op":"add","path":"/webhooks/0/objectSelector","value":{"matchLabels":{"cluster.x-k8s.io/watch-filter":"$(WATCH_FILTER)"}}}]'; done; fi && \
 	$(KUSTOMIZE) build . > $(abspath $(RELEASE_DIR))/install.yaml
 	@echo "$(RELEASE_DIR)/install.yaml: $(IMG), version $(VERSION), BMH-name-based claims $(ENABLE_BMH_NAME_BASED_PREALLOCATION)"
 

@@ -55,3 +55,27 @@ func TestFlagsLikeCAPIProviders(t *testing.T) {
 		}
 	}
 }
+
+// TestScopedCaches: --namespace restricts every informer to that namespace; --watch-filter the
+// Metal3Data and the claims, which carry its label.
+func TestScopedCaches(t *testing.T) {
+	if opts := cacheOptions(options{}); opts.DefaultNamespaces != nil || opts.ByObject != nil {
+		t.Errorf("unscoped: %+v", opts)
+	}
+	opts := cacheOptions(options{namespace: "plane-a", watchFilter: "a"})
+	if _, ok := opts.DefaultNamespaces["plane-a"]; !ok || len(opts.DefaultNamespaces) != 1 {
+		t.Errorf("namespaces %v", opts.DefaultNamespaces)
+	}
+	kinds := map[string]bool{}
+	for obj, by := range opts.ByObject {
+		kinds[obj.GetObjectKind().GroupVersionKind().Kind] = true
+		if by.Label.String() != "cluster.x-k8s.io/watch-filter=a" {
+			t.Errorf("%T: label selector %q", obj, by.Label)
+		}
+	}
+	for _, kind := range []string{"Metal3Data", "IPClaim", "IPAddressClaim"} {
+		if !kinds[kind] {
+			t.Errorf("no label selector for %s: %v", kind, kinds)
+		}
+	}
+}

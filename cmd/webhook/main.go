@@ -14,6 +14,7 @@ import (
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -74,6 +75,8 @@ type options struct {
 	handOverDelay    time.Duration
 	ipamWait         time.Duration
 	requesters       []string
+	namespace        string
+	watchFilter      string
 	qps              float32
 	burst            int
 }
@@ -111,6 +114,10 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"When the IPAM is behind (a claim this replica created has waited between 250ms and 3s for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; a take-over waits for the answers as long; 0 hands over at once.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
+	fs.StringVar(&o.namespace, "namespace", "",
+		"The one namespace to serve, as CAPM3's flag of the same name; empty for all.")
+	fs.StringVar(&o.watchFilter, "watch-filter", "",
+		"Serve only Metal3Data labelled "+clusterv1.WatchLabel+" with this value, as CAPM3's flag of the same name; empty for all.")
 	fs.StringSliceVar(&o.requesters, "preallocate-for-requesters", nil,
 		"Users whose Metal3Data creates get claims preallocated, e.g. the service account CAPM3 runs as; empty for everyone (transparent).")
 	fs.Float32Var(&o.qps, "kube-api-qps", 100, "Requests per second to the API server, per resource type.")
@@ -246,7 +253,7 @@ func newManager(o options, scheme *runtime.Scheme) (ctrl.Manager, error) {
 		RetryPeriod:             &o.retryPeriod,
 		// A replaced or restarted leader hands the lease on at once instead of letting it expire.
 		LeaderElectionReleaseOnCancel: true,
-		Cache:                         cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Cache:                         cacheOptions(o),
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    o.webhookHost,
 			Port:    o.webhookPort,
@@ -300,6 +307,8 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *run
 			BMHNameBased: o.bmhNameBased,
 			Timeout:      o.admissionTimeout,
 			Requesters:   o.requesters,
+			Namespace:    o.namespace,
+			WatchFilter:  o.watchFilter,
 			Deletions:    deletions,
 			OnAdmitted:   creations.Admitted,
 		}})
@@ -326,6 +335,27 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, admissio
 		return err
 	}
 	return (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, concurrency)
+}
+
+// cacheOptions restrict the caches to the namespace and watch filter served. The watch filter
+// selects the Metal3Data and their claims, which carry their labels (CAPM3 copies them too); the
+// objects they refer to are read whatever their labels.
+func cacheOptions(o options) cache.Options {
+	opts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
+	if o.namespace != "" {
+		opts.DefaultNamespaces = map[string]cache.Config{o.namespace: {}}
+	}
+	if o.watchFilter != "" {
+		selector := labels.SelectorFromSet(labels.Set{clusterv1.WatchLabel: o.watchFilter})
+		opts.ByObject = map[client.Object]cache.ByObject{}
+		// By kind: the informers of whole claims share it with the metadata ones.
+		for _, obj := range []client.Object{
+			allocation.Metadata(allocation.Metal3DataGVK), allocation.Metadata(allocation.IPClaimGVK), allocation.Metadata(allocation.IPAddressClaimGVK),
+		} {
+			opts.ByObject[obj] = cache.ByObject{Label: selector}
+		}
+	}
+	return opts
 }
 
 // cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.

@@ -54,6 +54,7 @@ const (
 	ReasonRequester         = "RequesterNotAllowed"
 	ReasonRecordTooLarge    = "RecordTooLarge"
 	ReasonNameInUse         = "NameInUse"
+	ReasonOutOfScope        = "OutOfScope"
 )
 
 // +kubebuilder:webhook:path=/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups=infrastructure.cluster.x-k8s.io,resources=metal3datas,verbs=create,versions=v1beta2,name=preallocate.metal3data.ip-preallocator.metal3.io,matchPolicy=Equivalent,reinvocationPolicy=Never,timeoutSeconds=5,admissionReviewVersions=v1
@@ -80,6 +81,9 @@ type Preallocator struct {
 	Timeout time.Duration
 	// Requesters, if set, are the only users (CAPM3's) for whom the webhook reserves addresses.
 	Requesters []string
+	// Namespace and WatchFilter, if set, scope the webhook as CAPM3's --namespace and
+	// --watch-filter scope CAPM3: its caches hold nothing else.
+	Namespace, WatchFilter string
 	// Deletions, if set, leaves to CAPM3 a Metal3Data whose name was deleted lately.
 	Deletions *Deletions
 	// OnAdmitted hears, before the answer, of every admission that recorded claims or warns. It may
@@ -122,6 +126,9 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	}
 	if len(p.Requesters) > 0 && !slices.Contains(p.Requesters, req.UserInfo.Username) {
 		return p.skipped(ctx, data, skipf(ReasonRequester, "created by %q, not by a requester preallocation serves", req.UserInfo.Username))
+	}
+	if p.Namespace != "" && data.Namespace != p.Namespace || p.WatchFilter != "" && data.Labels[clusterv1.WatchLabel] != p.WatchFilter {
+		return p.skipped(ctx, data, skipf(ReasonOutOfScope, "outside --namespace %q and --watch-filter %q", p.Namespace, p.WatchFilter))
 	}
 	claims, err := p.plan(ctx, data)
 	if err != nil {

@@ -36,6 +36,8 @@ func TestSkips(t *testing.T) {
 		without     func(m *fixtures.Machine) client.Object
 		dryRun      bool
 		requesters  []string
+		namespace   string
+		watchFilter string
 		existing    func(m *fixtures.Machine) client.Object
 		deleted     bool
 		wantWarning string
@@ -48,6 +50,11 @@ func TestSkips(t *testing.T) {
 		{name: "name of a Metal3Data deleted lately", reason: ReasonNameInUse, deleted: true,
 			wantWarning: "IPClaim tmpl-3-pool-v4 left to CAPM3: a Metal3Data of this name was deleted"},
 		{name: "requester not served", reason: ReasonRequester, requesters: []string{"system:serviceaccount:capm3-system:capm3-manager"}},
+		{name: "another namespace than --namespace", reason: ReasonOutOfScope, namespace: "other"},
+		{name: "without the --watch-filter label", reason: ReasonOutOfScope, watchFilter: "plane-b"},
+		{name: "another --watch-filter label", reason: ReasonOutOfScope, watchFilter: "plane-b", mutate: func(m *fixtures.Machine) {
+			m.Data.Labels["cluster.x-k8s.io/watch-filter"] = "plane-a"
+		}},
 		{name: "record would not fit the annotations", reason: ReasonRecordTooLarge, mutate: func(m *fixtures.Machine) {
 			m.Data.Annotations = map[string]string{"big": strings.Repeat("x", 256*1024-10)}
 		}},
@@ -135,6 +142,7 @@ func TestSkips(t *testing.T) {
 			before := testutil.ToFloat64(skipped)
 			p := newPreallocator(c, false)
 			p.Requesters = tc.requesters
+			p.Namespace, p.WatchFilter = tc.namespace, tc.watchFilter
 			if tc.deleted {
 				p.Deletions = &Deletions{Window: time.Minute}
 				p.Deletions.OnDelete(toolscache.DeletedFinalStateUnknown{Key: "x", Obj: m.Data.DeepCopy()})
@@ -164,9 +172,11 @@ func TestPreallocates(t *testing.T) {
 		name       string
 		bmh        bool
 		annotated  bool
+		scoped     bool
 		wantClaims []string
 	}{
 		{name: "Metal3Data names", wantClaims: []string{"tmpl-3-pool-v4", "tmpl-3-pool-capi"}},
+		{name: "in the --namespace and --watch-filter served", scoped: true, wantClaims: []string{"tmpl-3-pool-v4", "tmpl-3-pool-capi"}},
 		{name: "BMH names, existing annotations kept", bmh: true, annotated: true, wantClaims: []string{"host-3-pool-v4", "tmpl-3-pool-capi"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -174,9 +184,14 @@ func TestPreallocates(t *testing.T) {
 			if tc.annotated {
 				m.Data.Annotations = map[string]string{"keep": "me"}
 			}
-			c := fixtures.NewClient(m.Objects(), nil)
+			p := newPreallocator(fixtures.NewClient(m.Objects(), nil), tc.bmh)
+			if tc.scoped {
+				m.Data.Labels["cluster.x-k8s.io/watch-filter"] = "plane-a"
+				p.Namespace, p.WatchFilter = m.Data.Namespace, "plane-a"
+			}
+			c := p.Reader.(client.Client)
 			req := fixtures.CreateRequest(t, m.Data, false)
-			resp := newPreallocator(c, tc.bmh).Handle(context.Background(), req)
+			resp := p.Handle(context.Background(), req)
 			if !resp.Allowed || len(resp.Warnings) != 0 {
 				t.Fatalf("allowed=%v warnings=%v", resp.Allowed, resp.Warnings)
 			}

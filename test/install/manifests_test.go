@@ -18,6 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -172,6 +173,25 @@ func TestRenderedManifests(t *testing.T) {
 			len(all[admissionv1.MutatingWebhookConfiguration](t, m, "MutatingWebhookConfiguration"))
 		if want := name == "default"; (validating == 1) != want || mutating != 1 {
 			t.Errorf("%s: %d validating and %d mutating webhook configurations", name, validating, mutating)
+		}
+	}
+
+	// Scoped as CAPM3: the webhooks select the namespace and the watch-filter label, the flags
+	// restrict the caches and controllers.
+	scoped, err := os.ReadFile(release(t, img, version, "WATCH_NAMESPACE=plane-a", "WATCH_FILTER=a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scopedObjs := decode(t, scoped)
+	if args := one[appsv1.Deployment](t, scopedObjs, "Deployment").Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--namespace=plane-a") || !slices.Contains(args, "--watch-filter=a") {
+		t.Errorf("scoped release: args %v", args)
+	}
+	mutatingScoped := one[admissionv1.MutatingWebhookConfiguration](t, scopedObjs, "MutatingWebhookConfiguration").Webhooks[0]
+	validatingScoped := one[admissionv1.ValidatingWebhookConfiguration](t, scopedObjs, "ValidatingWebhookConfiguration").Webhooks[0]
+	for name, sel := range map[string][2]*metav1.LabelSelector{"mutating": {mutatingScoped.NamespaceSelector, mutatingScoped.ObjectSelector},
+		"validating": {validatingScoped.NamespaceSelector, validatingScoped.ObjectSelector}} {
+		if sel[0] == nil || sel[0].MatchLabels["kubernetes.io/metadata.name"] != "plane-a" || sel[1] == nil || sel[1].MatchLabels["cluster.x-k8s.io/watch-filter"] != "a" {
+			t.Errorf("scoped release: %s webhook selectors %v, %v", name, sel[0], sel[1])
 		}
 	}
 
