@@ -188,10 +188,14 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		h.seen.forget(req.NamespacedName)
 	}
 	d := decideHandOver(f, h.TakeOverDelay)
+	if d.action == handOverUnrecorded {
+		if err := h.handOverUnrecorded(ctx, req.NamespacedName, unrecorded); err != nil {
+			return ctrl.Result{}, err
+		}
+		f.unrecorded = false
+		d = decideHandOver(f, h.TakeOverDelay)
+	}
 	switch d.action {
-	case handOverUnrecorded:
-		// The others in the next pass.
-		return ctrl.Result{Requeue: true}, h.handOverUnrecorded(ctx, req.NamespacedName, unrecorded)
 	case handOverAdmitted:
 		return h.handOverAdmitted(ctx, data, refs, answerBy, token)
 	case handOverRecorded:
@@ -386,7 +390,7 @@ func handOverAll(ctx context.Context, c client.Client, recorder events.EventReco
 func handOverOne(ctx context.Context, c client.Client, data *metav1.PartialObjectMetadata, ref allocation.ClaimRef, token string) (bool, error) {
 	gvk, err := ref.GVK()
 	if err != nil {
-		return false, nil
+		return false, err
 	}
 	cached := allocation.Metadata(gvk)
 	switch err := c.Get(ctx, types.NamespacedName{Namespace: data.Namespace, Name: ref.Name}, cached); {
