@@ -18,7 +18,7 @@ suites=(
   "./bench          345 15m -v"
   "./faults           5  3m -run ^TestCheck"
   "./faults         390 15m -run TestFaults/^(kills|rejected-after-mutation|leader-loss|api-faults)$"
-  "./integration    215 10m -v"
+  "./integration    310 10m -v"
   "./ipamrace        40  5m -v"
 )
 
