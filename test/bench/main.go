@@ -44,6 +44,10 @@ type config struct {
 	only    string
 	// webhookArgs are extra flags for the webhook process, to measure what a setting changes.
 	webhookArgs string
+	// page is the Markdown page written from the results, relative to the repository; empty: none.
+	page string
+	// pageOnly writes the page from the results already in the results directory, and runs nothing.
+	pageOnly bool
 }
 
 // Default sizes, chosen so that make bench on a fresh clone, tools included (about 8 minutes
@@ -73,6 +77,8 @@ func main() {
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
+	flag.StringVar(&c.page, "page", "docs/benchmarks.md", "Page written from the results, relative to the repository; empty for none.")
+	flag.BoolVar(&c.pageOnly, "page-only", false, "Only write the page from the results already saved.")
 	flag.StringVar(&c.webhookArgs, "webhook-args", "", "Extra flags for the single webhook process (not the leader-loss replicas), separated by spaces, e.g. --handover-ipam-wait=0.")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./bench [flags]\n\nThe default sizes take about 10 minutes on 2 cores; the larger run (about an hour):\n  make bench BENCH_ARGS=%q\n\n", bigArgs)
@@ -192,6 +198,9 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.pageOnly {
+		return rewritePage(root, c)
+	}
 	dir, err := os.MkdirTemp("", "ip-preallocator-bench-")
 	if err != nil {
 		return nil, err
@@ -235,7 +244,13 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	report.Load = b.load.summary()
 	report.finish()
 	printReport(out, report)
-	return report, save(report, root, c.results, out)
+	if err := save(report, root, c.results, out); err != nil {
+		return report, err
+	}
+	if c.results == "" || c.page == "" {
+		return report, nil
+	}
+	return report, writePage(filepath.Join(root, c.page), report)
 }
 
 // runScenarios runs every selected scenario in every mode, then the leader-loss scenario, which
