@@ -33,7 +33,7 @@ func writePage(path string, r *Report) error {
 		fmt.Fprintf(&b, "| %s | %s | %s | %d | %.1f, %.2f | %.1f, %.2f | %.2f | ±%.0f%% | %s |\n", q.Setting, q.Scenario, scenarioModels[q.Scenario],
 			stock.n, stock.total, stock.median, pre.total, pre.median, q.Total, 100*q.NoiseTotal, verdict(q.Total, q.NoiseTotal))
 	}
-	fmt.Fprintln(&b, "\nA verdict is \"pays\" or \"costs\" only where the ratio is outside the noise; at these sizes most differences are within it.")
+	fmt.Fprintln(&b, "\nA verdict is \"pays\" or \"costs\" only where the ratio is outside the noise.")
 	fmt.Fprintln(&b, "\n## Every ratio")
 	printComparisons(&b, r)
 	fmt.Fprintln(&b, "\n![Time to Ready, every run](../bench/results/time-to-ready.png)")
