@@ -26,7 +26,7 @@ type address struct {
 }
 
 func (a address) String() string {
-	return fmt.Sprintf("%s %s (%s) of %s %s (uid %q)", a.kind, a.name, a.ip, a.claimKind, a.claimName, a.claimUID)
+	return fmt.Sprintf("%s %s (%s) of %s %s (uid %s)", a.kind, a.name, a.ip, a.claimKind, a.claimName, uidTail(a.claimUID))
 }
 
 // addresses lists the namespace's IPAddresses of both kinds.
@@ -102,13 +102,13 @@ func addressViolations(ns string, s *namespaceState, claims map[string]*claim, o
 		if a.claimUID != "" && a.claimUID != cl.obj.GetUID() && !counted[a.key] {
 			counted[a.key] = true
 			double.addf("%s: %s %s (uid %s) has address %s (%s), which is held for %s (uid %s)",
-				ns, cl.kind, cl.obj.GetName(), cl.obj.GetUID(), a.name, a.ip, a.claimName, a.claimUID)
+				ns, cl.kind, cl.obj.GetName(), uidTail(cl.obj.GetUID()), a.name, a.ip, a.claimName, uidTail(a.claimUID))
 		}
 	}
 	for uid, names := range byClaimUID {
 		if len(names) > 1 {
 			sort.Strings(names)
-			double.addf("%s: %s %s (uid %s) is held by IPAddresses %v", ns, live[uid].kind, live[uid].obj.GetName(), uid, names)
+			double.addf("%s: %s %s (uid %s) is held by IPAddresses %v", ns, live[uid].kind, live[uid].obj.GetName(), uidTail(uid), names)
 		}
 	}
 	for _, key := range sortedKeys(holders) {
@@ -149,7 +149,7 @@ func describeUIDs(uids map[types.UID]bool, live map[types.UID]*claim) []string {
 		if cl, ok := live[uid]; ok {
 			name = cl.kind + "/" + cl.obj.GetName()
 		}
-		out = append(out, fmt.Sprintf("%s (uid %s)", name, uid))
+		out = append(out, fmt.Sprintf("%s (uid %s)", name, uidTail(uid)))
 	}
 	sort.Strings(out)
 	return out
@@ -200,4 +200,13 @@ func renderedBy(s *namespaceState) map[netip.Addr][]string {
 		}
 	}
 	return out
+}
+
+// uidTail is enough of a UID to tell objects of one name apart in a report, and not a run of hex
+// a reader could take for a commit.
+func uidTail(uid types.UID) string {
+	if uid == "" {
+		return `""`
+	}
+	return "…" + string(uid[max(0, len(uid)-4):])
 }

@@ -146,12 +146,12 @@ func claimKind(pool string) string {
 }
 
 func describe(obj client.Object) string {
-	s := fmt.Sprintf("%s/%s uid=%s owners=[", obj.GetNamespace(), obj.GetName(), obj.GetUID())
+	s := fmt.Sprintf("%s/%s uid=%s owners=[", obj.GetNamespace(), obj.GetName(), uidTail(obj.GetUID()))
 	for i, ref := range obj.GetOwnerReferences() {
 		if i > 0 {
 			s += ","
 		}
-		s += ref.Kind + "/" + ref.Name + "@" + string(ref.UID)
+		s += ref.Kind + "/" + ref.Name + "@" + uidTail(ref.UID)
 	}
 	s += fmt.Sprintf("] finalizers=%v annotations=%v", obj.GetFinalizers(), obj.GetAnnotations())
 	if ts := obj.GetDeletionTimestamp(); ts != nil {

@@ -365,7 +365,7 @@ func TestRealControllers(t *testing.T) {
 				if _, ok := want.(*capipamv1.IPAddressClaim); ok && bmhNameBased {
 					// CAPM3 shares one label map between a Metal3Data and its claims: an
 					// IPAddressClaim it creates carries the data and pool labels of whichever Metal3
-					// pool its map iteration reached first, or none (README, "Differences").
+					// pool its map iteration reached first, or none (docs/design.md, "Differences").
 					labels := want.GetLabels()
 					if pool, ok := labels[allocation.PoolLabelName]; ok && pool != fixtures.ProvisioningPool && pool != fixtures.BaremetalPool {
 						t.Errorf("%s: stock pool-name label %q", key, pool)
