@@ -73,7 +73,7 @@ func TestCheckAddressViolations(t *testing.T) {
 			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "new", "")},
 			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "old")},
 		},
-		wantOrphans: 1, wantEvidence: `of IPClaim a-provisioning (uid "old")`,
+		wantOrphans: 1, wantEvidence: `of IPClaim a-provisioning (uid …old)`,
 	}, {
 		name: "an IPAddress whose claim reference the garbage collector removed is an orphan",
 		state: namespaceState{
