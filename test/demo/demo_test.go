@@ -3,22 +3,53 @@ package main
 import (
 	"bytes"
 	"context"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 )
 
-// TestDemo runs make demo's program up to its table and checks what the table claims: both modes
-// ran, stock CAPM3 created every claim and the webhook none in stock, the webhook created every
-// claim with it but those it said, in a Warning Event, that CAPM3 created first, CAPM3 worked or
-// waited in no more reconciles with the webhook than without, and every
-// Metal3Data is Ready with an address from each of its three pools.
+// TestDemo runs make demo's program and checks what its table claims: both modes ran, stock
+// CAPM3 created every claim and the webhook none in stock, the webhook created every claim with it
+// but those it said, in a Warning Event, that CAPM3 created first, CAPM3 worked or waited in no
+// more reconciles with the webhook than without, and every Metal3Data is Ready with an address
+// from each of its three pools. Then it applies, to the running demo, a Metal3Data created with
+// generateName, which the demo cannot report by name: it says so and keeps running.
 func TestDemo(t *testing.T) {
-	var out bytes.Buffer
-	rows, err := run(context.Background(), options{dir: t.TempDir(), exit: true, timeout: 2 * time.Minute}, &out)
+	out := &syncBuffer{}
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var (
+		rows   []Row
+		runErr error
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rows, runErr = run(ctx, options{dir: dir, timeout: 2 * time.Minute}, out)
+	}()
+	waitOutput(t, out, done, "The control plane keeps running", 4*time.Minute)
+	generated := copyWithGenerateName(t, filepath.Join(dir, "kubeconfig"))
+	waitOutput(t, out, done, "Metal3Data "+preallocatedNamespace+"/"+generated+" is Ready; not reported", 2*time.Minute)
+	select {
+	case <-done:
+		t.Fatalf("the demo stopped after a Metal3Data it cannot report: %v", runErr)
+	default:
+	}
+	cancel()
+	<-done
 	t.Log("\n" + out.String())
-	if err != nil {
-		t.Fatal(err)
+	if runErr != nil {
+		t.Fatal(runErr)
 	}
 	const pools = 3
 	byMode := map[string]int{}
@@ -66,4 +97,66 @@ func TestDemo(t *testing.T) {
 	if !strings.Contains(out.String(), "With the webhook: ") {
 		t.Error("no comparison printed")
 	}
+}
+
+// copyWithGenerateName creates, as a person could, a copy of a Ready example Metal3Data under a
+// generated name, and returns that name.
+func copyWithGenerateName(t *testing.T, kubeconfig string) string {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: fixtures.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := &infrav1.Metal3DataList{}
+	if err := c.List(ctx, list, client.InNamespace(preallocatedNamespace)); err != nil || len(list.Items) == 0 {
+		t.Fatalf("no example Metal3Data to copy: %v", err)
+	}
+	original := list.Items[0]
+	copied := &infrav1.Metal3Data{
+		ObjectMeta: metav1.ObjectMeta{Namespace: original.Namespace, GenerateName: "hb-", Labels: original.Labels},
+		Spec:       original.Spec,
+	}
+	copied.Spec.MetaData, copied.Spec.NetworkData = nil, nil
+	if err := c.Create(ctx, copied); err != nil {
+		t.Fatal(err)
+	}
+	return copied.Name
+}
+
+// waitOutput waits until the demo's output holds text, failing if the demo stops first.
+func waitOutput(t *testing.T, out *syncBuffer, done <-chan struct{}, text string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for !strings.Contains(out.String(), text) {
+		select {
+		case <-done:
+			t.Fatalf("the demo stopped before printing %q:\n%s", text, out.String())
+		case <-deadline:
+			t.Fatalf("no %q within %v:\n%s", text, timeout, out.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// syncBuffer is the demo's output, read by the test while the demo writes it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
