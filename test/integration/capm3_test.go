@@ -306,15 +306,7 @@ func (s summary) String() string {
 // fixtures in two namespaces.
 func TestRealControllers(t *testing.T) {
 	ctx := context.Background()
-	if err := cp.StartInClusterIPAM(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer cp.StopInClusterIPAM()
-	ipam, err := stack.StartIPAM(ctx, cp.Config, stack.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ipam.Stop() }()
+	startIPAMs(t)
 
 	for i, bmhNameBased := range []bool{false, true} {
 		t.Run(map[bool]string{false: "metal3data-names", true: "bmh-names"}[bmhNameBased], func(t *testing.T) {
@@ -394,6 +386,21 @@ func TestRealControllers(t *testing.T) {
 	if err := cp.StartWebhook(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// startIPAMs runs the Cluster API in-cluster IPAM provider and the Metal3 IPAM until the test ends.
+func startIPAMs(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if err := cp.StartInClusterIPAM(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.StopInClusterIPAM)
+	ipam, err := stack.StartIPAM(ctx, cp.Config, stack.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ipam.Stop() })
 }
 
 // releaseGivesAddressesBack: the claims of a Metal3Data that a later webhook rejects are

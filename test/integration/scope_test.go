@@ -19,15 +19,7 @@ import (
 // the webhook, and the webhook's caches hold nothing of it.
 func TestScopes(t *testing.T) {
 	ctx := context.Background()
-	if err := cp.StartInClusterIPAM(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer cp.StopInClusterIPAM()
-	ipam, err := stack.StartIPAM(ctx, cp.Config, stack.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ipam.Stop() }()
+	startIPAMs(t)
 	served, other, filtered := newWorld(t, "scope-a", 2, 51), newWorld(t, "scope-b", 2, 52), newWorld(t, "scope-c", 2, 53)
 	capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{Templates: true, Namespaces: []string{served.ns, other.ns, filtered.ns}})
 	if err != nil {
