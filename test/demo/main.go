@@ -114,7 +114,8 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	fmt.Fprintf(out, "\nThe control plane keeps running, with the webhook registered. Try:\n  kubectl --kubeconfig %s get metal3datas,ipclaims,ipaddresses -A\n", kubeconfig)
 	fmt.Fprintf(out, "  kubectl --kubeconfig %s apply -n %s -f examples/more/\nNew Metal3Data are reported when Ready. Interrupt to stop.\n",
 		kubeconfig, preallocatedNamespace)
-	return rows, d.reportNew(ctx, rows)
+	d.reportNew(ctx, rows)
+	return rows, nil
 }
 
 // compare runs examples/ in every mode, prints the table and the comparison, and leaves the
@@ -146,7 +147,7 @@ func (d *demo) compare(ctx context.Context) ([]Row, error) {
 }
 
 // reportNew reports each Metal3Data that becomes Ready from now on, until ctx ends.
-func (d *demo) reportNew(ctx context.Context, reported []Row) error {
+func (d *demo) reportNew(ctx context.Context, reported []Row) {
 	done := map[types.NamespacedName]bool{}
 	for _, r := range reported {
 		done[r.Data] = true
@@ -154,7 +155,7 @@ func (d *demo) reportNew(ctx context.Context, reported []Row) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case key := <-d.ready.News:
 			if done[key] {
 				continue
