@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/test/harness"
 )
 
@@ -153,7 +155,11 @@ func describe(obj client.Object) string {
 		}
 		s += ref.Kind + "/" + ref.Name + "@" + uidTail(ref.UID)
 	}
-	s += fmt.Sprintf("] finalizers=%v annotations=%v", obj.GetFinalizers(), obj.GetAnnotations())
+	annotations := maps.Clone(obj.GetAnnotations())
+	if token, ok := annotations[allocation.AdmissionAnnotation]; ok {
+		annotations[allocation.AdmissionAnnotation] = uidTail(types.UID(token))
+	}
+	s += fmt.Sprintf("] finalizers=%v annotations=%v", obj.GetFinalizers(), annotations)
 	if ts := obj.GetDeletionTimestamp(); ts != nil {
 		s += fmt.Sprintf(" deleting since %s (%v ago)", ts.Format(time.RFC3339), time.Since(ts.Time).Round(time.Second))
 	}

@@ -549,12 +549,13 @@ func machine() []string {
 		}
 	}
 	out = append(out, strings.Join(versions, ", ")+", CAPM3 and ip-address-manager v1.13.2")
-	if rev, err := git("rev-parse", "--short", "HEAD"); err == nil {
+	// The commit's date, not its hash: the page is read next to the code, whose history says which.
+	if committed, err := git("log", "-1", "--format=%cd", "--date=format:%Y-%m-%d %H:%M"); err == nil {
 		dirty := ""
 		if st, err := git("status", "--porcelain", "--", "cmd", "pkg", "internal", "config"); err == nil && st != "" {
 			dirty = ", with uncommitted changes to the product"
 		}
-		out = append(out, "commit "+rev+dirty)
+		out = append(out, "the code as committed on "+strings.TrimSpace(committed)+dirty)
 	}
 	return out
 }
