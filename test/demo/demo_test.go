@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -29,13 +30,16 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var (
-		rows   []Row
+		res    *result
 		runErr error
 	)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		rows, runErr = run(ctx, options{dir: dir, timeout: 2 * time.Minute}, out)
+		res, runErr = run(ctx, options{dir: dir, timeout: 2 * time.Minute, held: heldMachines, heldFor: 5 * time.Second}, out)
+		if runErr != nil {
+			fmt.Fprintln(out, "demo:", runErr)
+		}
 	}()
 	waitOutput(t, out, done, "The control plane keeps running", 4*time.Minute)
 	generated := copyWithGenerateName(t, filepath.Join(dir, "kubeconfig"))
@@ -52,6 +56,7 @@ func TestDemo(t *testing.T) {
 		t.Fatal(runErr)
 	}
 	const pools = 3
+	rows := res.Rows
 	byMode := map[string]int{}
 	for _, r := range rows {
 		byMode[r.Mode]++
@@ -96,6 +101,42 @@ func TestDemo(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "With the webhook: ") {
 		t.Error("no comparison printed")
+	}
+	checkHeld(t, res.Held, out.String())
+}
+
+const heldMachines = 6
+
+// checkHeld: the second act ran in both modes with every machine Ready; CAPM3 created every claim
+// in stock and at most those the webhook left it with the webhook, and, having found the claims
+// filled when let go, did its work in one reconcile per Metal3Data, where stock needs more.
+func checkHeld(t *testing.T, held []Held, out string) {
+	t.Helper()
+	const pools = 3
+	byMode := map[string]Held{}
+	for _, h := range held {
+		byMode[h.Mode] = h
+		if h.N != heldMachines || h.Claims != pools*h.N || h.AfterRelease <= 0 {
+			t.Errorf("second act, %s: %d Metal3Data Ready %v after CAPM3 was let go, %d claims; want %d machines with %d claims each",
+				h.Mode, h.N, h.AfterRelease, h.Claims, heldMachines, pools)
+		}
+	}
+	stock, pre := byMode[modeStock], byMode[modePreallocated]
+	if stock.N == 0 || pre.N == 0 {
+		t.Fatalf("second act ran in modes %v, want stock and preallocated", held)
+	}
+	if stock.ClaimsByCAPM3 != stock.Claims {
+		t.Errorf("second act, stock: CAPM3 created %d of %d claims", stock.ClaimsByCAPM3, stock.Claims)
+	}
+	if 10*pre.ClaimsByCAPM3 > pre.Claims {
+		t.Errorf("second act, with the webhook: CAPM3 created %d of %d claims", pre.ClaimsByCAPM3, pre.Claims)
+	}
+	if pre.Work != pre.N || stock.Work <= pre.Work {
+		t.Errorf("second act: %d reconciles that did work for %d Metal3Data with the webhook, %d without; want one each, and more without",
+			pre.Work, pre.N, stock.Work)
+	}
+	if !strings.Contains(out, "With the webhook, held CAPM3: ") {
+		t.Error("no comparison printed for the second act")
 	}
 }
 

@@ -28,6 +28,15 @@ type options struct {
 	dir     string
 	exit    bool
 	timeout time.Duration
+	// held machines arrive in the second act, while CAPM3 is held for heldFor.
+	held    int
+	heldFor time.Duration
+}
+
+// result is what the demo reported: one row per example Metal3Data, and the second act by mode.
+type result struct {
+	Rows []Row
+	Held []Held
 }
 
 func main() {
@@ -35,6 +44,8 @@ func main() {
 	flag.StringVar(&o.dir, "dir", ".demo", "Directory for the kubeconfig and the logs, relative to the repository.")
 	flag.BoolVar(&o.exit, "exit-after-summary", false, "Stop once every example Metal3Data is Ready and reported.")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "How long the examples may take to become Ready.")
+	flag.IntVar(&o.held, "held-machines", 12, "Machines that arrive in the second act, while CAPM3's Metal3Data controller is held.")
+	flag.DurationVar(&o.heldFor, "held-for", 10*time.Second, "How long CAPM3's Metal3Data controller is held in the second act, from the first machine.")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -46,7 +57,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
+func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 	root, err := harness.RepoRoot()
 	if err != nil {
 		return nil, err
@@ -84,7 +95,12 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 		return nil, err
 	}
 	defer func() { _ = ipam.Stop() }()
-	capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{Templates: true})
+	// The second act's namespaces have a CAPM3 of their own.
+	var firstAct []string
+	for _, m := range modes {
+		firstAct = append(firstAct, m.namespace)
+	}
+	capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{Templates: true, Namespaces: firstAct})
 	if err != nil {
 		return nil, err
 	}
@@ -100,12 +116,12 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 		return nil, err
 	}
 
-	rows, err := d.compare(ctx)
+	res, err := d.compare(ctx, o)
 	if err != nil {
 		return nil, err
 	}
 	if o.exit {
-		return rows, nil
+		return res, nil
 	}
 	// Relative to the repository, like examples/more/: make demo runs from there.
 	if rel, err := filepath.Rel(root, kubeconfig); err == nil && !strings.HasPrefix(rel, "..") {
@@ -114,13 +130,13 @@ func run(ctx context.Context, o options, out io.Writer) ([]Row, error) {
 	fmt.Fprintf(out, "\nThe control plane keeps running, with the webhook registered. Try:\n  kubectl --kubeconfig %s get metal3datas,ipclaims,ipaddresses -A\n", kubeconfig)
 	fmt.Fprintf(out, "  kubectl --kubeconfig %s apply -n %s -f examples/more/\nNew Metal3Data are reported when Ready. Interrupt to stop.\n",
 		kubeconfig, preallocatedNamespace)
-	d.reportNew(ctx, rows)
-	return rows, nil
+	d.reportNew(ctx, res.Rows)
+	return res, nil
 }
 
-// compare runs examples/ in every mode, prints the table and the comparison, and leaves the
-// webhook registered.
-func (d *demo) compare(ctx context.Context) ([]Row, error) {
+// compare runs examples/ in every mode, prints the table and the comparison, runs the second act,
+// and leaves the webhook registered.
+func (d *demo) compare(ctx context.Context, o options) (*result, error) {
 	var keys []types.NamespacedName
 	for _, m := range modes {
 		k, err := d.runMode(ctx, m)
@@ -128,9 +144,6 @@ func (d *demo) compare(ctx context.Context) ([]Row, error) {
 			return nil, err
 		}
 		keys = append(keys, k...)
-	}
-	if err := d.setWebhook(ctx, preallocatedNamespace, true); err != nil {
-		return nil, err
 	}
 	rows, err := d.rows(ctx, keys)
 	if err != nil {
@@ -143,7 +156,14 @@ func (d *demo) compare(ctx context.Context) ([]Row, error) {
 	printTable(d.out, rows)
 	fmt.Fprintln(d.out, wrap(legend))
 	printComparison(d.out, rows)
-	return rows, nil
+	held, err := d.heldAct(ctx, o.held, o.heldFor)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.setWebhook(ctx, preallocatedNamespace, true); err != nil {
+		return nil, err
+	}
+	return &result{Rows: rows, Held: held}, nil
 }
 
 // reportNew reports each Metal3Data that becomes Ready from now on, until ctx ends.
