@@ -50,17 +50,15 @@ type config struct {
 	pageOnly bool
 }
 
-// Default sizes, chosen so that make bench on a fresh clone, tools included (about 8 minutes
-// cold), stays within 20 minutes on 2 shared cores with three repetitions of every mode: a run at
-// about half these sizes took 7.8 minutes at a load average of 9.5, from which these take about
-// 10. bigArgs is the larger run of earlier versions (200 machines per burst), one BENCH_ARGS away;
-// with three repetitions it takes about an hour.
+// Default sizes: three repetitions of every mode took about 10 minutes on 2 cores; the speed
+// check's six pairs take about twice that. bigArgs is the larger run of earlier versions (200
+// machines per burst), one BENCH_ARGS away; with three repetitions it takes about an hour.
 const (
 	defaultIdle       = 10
 	defaultBurst      = 30
 	defaultBacklog    = 20
 	defaultLeaderLoss = 30
-	defaultRepeats    = 3
+	defaultRepeats    = minPairs
 	defaultPause      = 10 * time.Second
 	bigArgs           = "--idle=20 --burst=200 --backlog=200 --backlog-pause=60s --leader-loss=100"
 )
@@ -72,7 +70,7 @@ func main() {
 	flag.IntVar(&c.templates, "templates", 10, "Metal3DataTemplates the claims of the burst-spread scenario are divided among.")
 	flag.IntVar(&c.backlog, "backlog", defaultBacklog, "Metal3DataClaims created while CAPM3's Metal3Data controller is held, in the backlog scenario.")
 	flag.IntVar(&c.leaderLoss, "leader-loss", defaultLeaderLoss, "Metal3DataClaims created at once in the leader-loss scenario (two webhook replicas, the leader killed halfway); 0 leaves it out.")
-	flag.IntVar(&c.repeats, "repeats", defaultRepeats, "Runs of each mode per scenario, alternating which mode goes first (A B, B A, A B, ...); at least 2 to measure the noise.")
+	flag.IntVar(&c.repeats, "repeats", defaultRepeats, "Runs of each mode per scenario, alternating which mode goes first (A B, B A, A B, ...); the speed check needs 6 pairs.")
 	flag.DurationVar(&c.pause, "backlog-pause", defaultPause, "How long CAPM3's Metal3Data controller stays held after the first claim of the backlog scenario, in both modes.")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
@@ -81,7 +79,7 @@ func main() {
 	flag.BoolVar(&c.pageOnly, "page-only", false, "Only write the page from the results already saved.")
 	flag.StringVar(&c.webhookArgs, "webhook-args", "", "Extra flags for the single webhook process (not the leader-loss replicas), separated by spaces, e.g. --handover-ipam-wait=0.")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./bench [flags]\n\nThe default sizes take about 10 minutes on 2 cores; the larger run (about an hour):\n  make bench BENCH_ARGS=%q\n\n", bigArgs)
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./bench [flags]\n\nThe default sizes take about 20 minutes on 2 cores; the larger run (about two hours):\n  make bench BENCH_ARGS=%q\n\n", bigArgs)
 		flag.PrintDefaults()
 	}
 	klog.InitFlags(nil)

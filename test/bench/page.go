@@ -34,6 +34,8 @@ func writePage(path string, r *Report) error {
 			stock.n, stock.total, stock.median, pre.total, pre.median, q.Total, 100*q.NoiseTotal, verdict(q.Total, q.NoiseTotal))
 	}
 	fmt.Fprintln(&b, "\nA verdict is \"pays\" or \"costs\" only where the ratio is outside the noise.")
+	fmt.Fprintln(&b, "\n## Speed check")
+	printSpeedCheck(&b, r.Paired)
 	fmt.Fprintln(&b, "\n## Every ratio")
 	printComparisons(&b, r)
 	fmt.Fprintln(&b, "\n![Time to Ready, every run](../bench/results/time-to-ready.png)")
@@ -61,6 +63,10 @@ func rewritePage(root string, c config) (*Report, error) {
 	report := &Report{}
 	if err := json.Unmarshal(data, report); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", dir, err)
+	}
+	// Results saved before the speed check was paired have none.
+	if report.Paired == nil {
+		report.Paired = pairedVerdicts(report.Comparisons)
 	}
 	return report, writePage(filepath.Join(root, c.page), report)
 }

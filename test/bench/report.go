@@ -282,7 +282,9 @@ type Report struct {
 	// over stock (what any webhook served as ours costs) and preallocated over the no-op (what
 	// preallocation adds to it).
 	WebhookCosts []Comparison `json:",omitempty"`
-	Webhook      *Footprint
+	// Paired is the speed check's verdict on each comparison of preallocated over stock.
+	Paired  []Paired
+	Webhook *Footprint
 }
 
 func machine() map[string]string {
@@ -334,6 +336,7 @@ func (r *Report) finish() {
 		preallocation.Of, preallocation.Over = modePreallocated, modeNoOp
 		r.WebhookCosts = append(r.WebhookCosts, webhook, preallocation)
 	}
+	r.Paired = pairedVerdicts(r.Comparisons)
 }
 
 func printRun(out io.Writer, r *Run) {
@@ -363,6 +366,7 @@ func printReport(out io.Writer, r *Report) {
 	printLoop(out, r)
 	printLeaderLoss(out, r)
 	printComparisons(out, r)
+	printSpeedCheck(out, r.Paired)
 	printCPU(out, r)
 	printCauses(out, r)
 	printRequests(out, r)

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// TestPairedVerdict: the geometric mean of the pairs is held to the setting's ceiling; too few
+// pairs, or pairs that disagree, give no pass.
+func TestPairedVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		name, setting string
+		ratios        []float64
+		want          string
+	}{
+		{"faster", "default-limits", []float64{0.85, 0.84, 0.82, 0.86, 0.83, 0.85}, verdictNotSlower},
+		{"at the ceiling", "default-limits", []float64{1.04, 1.05, 1.06, 1.05, 1.04, 1.06}, verdictNotSlower},
+		{"above the ceiling", "default-limits", []float64{1.06, 1.07, 1.08, 1.07, 1.06, 1.08}, verdictSlower},
+		{"within the raised ceiling", "raised-limits", []float64{1.06, 1.07, 1.08, 1.07, 1.06, 1.08}, verdictNotSlower},
+		{"above the raised ceiling", "raised-limits", []float64{1.12, 1.15, 1.1, 1.14, 1.11, 1.13}, verdictSlower},
+		{"five pairs", "default-limits", []float64{0.85, 0.84, 0.82, 0.86, 0.83}, verdictInconclusive},
+		{"pairs that disagree", "default-limits", []float64{0.6, 1.4, 0.7, 1.3, 0.8, 1.2}, verdictInconclusive},
+	} {
+		if got := pairedVerdict(tc.setting, "s", tc.ratios); got.Verdict != tc.want {
+			t.Errorf("%s: %v", tc.name, got)
+		}
+	}
+	p := pairedVerdict("default-limits", "s", []float64{0.9, 1.1, 0.9, 1.1, 0.9, 1.1})
+	if math.Abs(p.GeoMean-math.Sqrt(0.99)) > 1e-9 || p.Low >= p.GeoMean || p.High <= p.GeoMean {
+		t.Errorf("geometric mean %v, interval %v–%v; want %v inside its interval", p.GeoMean, p.Low, p.High, math.Sqrt(0.99))
+	}
+}
+
+// TestPairedVerdictPower simulates the check with pairs whose log ratios scatter as the quick
+// bench's did at CAPM3's default limits: an unchanged preallocation passes and one 1.3× slower
+// fails, nearly always.
+func TestPairedVerdictPower(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const trials, sd = 2000, 0.08
+	verdicts := func(trueRatio float64) map[string]int {
+		out := map[string]int{}
+		for range trials {
+			ratios := make([]float64, minPairs)
+			for i := range ratios {
+				ratios[i] = trueRatio * math.Exp(sd*rng.NormFloat64())
+			}
+			out[pairedVerdict("default-limits", "s", ratios).Verdict]++
+		}
+		return out
+	}
+	unchanged, slowed := verdicts(0.9), verdicts(0.9*1.3)
+	if unchanged[verdictNotSlower] < trials*95/100 {
+		t.Errorf("unchanged: %v of %d", unchanged, trials)
+	}
+	if slowed[verdictSlower] < trials*95/100 {
+		t.Errorf("1.3× slower: %v of %d", slowed, trials)
+	}
+}
+
+// TestCheckSpeed: a slower scenario fails the check, an inconclusive one does not pass it, and a
+// run where nothing could be judged fails.
+func TestCheckSpeed(t *testing.T) {
+	notSlower := Paired{Setting: "default-limits", Scenario: "idle", Verdict: verdictNotSlower}
+	slower := Paired{Setting: "default-limits", Scenario: "burst", Verdict: verdictSlower}
+	inconclusive := Paired{Setting: "raised-limits", Scenario: "burst", Verdict: verdictInconclusive}
+	if f := checkSpeed([]Paired{notSlower, inconclusive}); len(f) != 0 {
+		t.Errorf("one not slower, one inconclusive: %q", f)
+	}
+	if f := checkSpeed([]Paired{notSlower, slower}); len(f) != 1 || !strings.Contains(f[0], "burst: slower") {
+		t.Errorf("one slower: %q", f)
+	}
+	if f := checkSpeed([]Paired{inconclusive, inconclusive}); len(f) != 1 {
+		t.Errorf("nothing judged: %q", f)
+	}
+}
