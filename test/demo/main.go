@@ -2,7 +2,9 @@
 // Metal3DataTemplate and Metal3Data controllers and the real Metal3 IPAM v1.13.2, applies examples/
 // once with stock CAPM3 (the mutating webhook not registered) and once with the webhook, and
 // reports side by side, for each machine, when CAPM3's template controller created its Metal3Data,
-// its time to Ready, CAPM3's reconciles, who created its claims and its addresses.
+// its time to Ready, CAPM3's reconciles, who created its claims and its addresses. A second act
+// holds CAPM3's Metal3Data controller while a batch of machines arrives, then lets it go, in both
+// modes: where preallocation pays.
 package main
 
 import (
