@@ -34,7 +34,10 @@ import (
 //     first, on the claim the address names (same UID, not being deleted), or nothing is created;
 //     and taken off again when the create fails (a namespace being deleted refuses new objects):
 //     the pool counts its IPAddresses, not its claims' finalizers, before it lets itself go, and a
-//     claim keeping a finalizer of a pool that is gone stays Terminating for ever.
+//     claim keeping a finalizer of a pool that is gone stays Terminating for ever;
+//   - for the same reason, a pool being deleted lets itself go once it counts no IPAddress, while
+//     claims of it may still carry its finalizer: the pool keeps its own finalizer until none
+//     does, and its next passes, woken by the claims' deletion, free them.
 
 // correctedIPAMClient wraps the IPAM's client: uncached reads of what allocation depends on, and
 // the claim's finalizer saved before its IPAddress is created.
@@ -87,7 +90,34 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 			}
 			return err
 		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if pool, ok := obj.(*ipamv1.IPPool); ok {
+				if err := poolMayGo(ctx, c, pool); err != nil {
+					return err
+				}
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
 	}), nil
+}
+
+// poolMayGo refuses to let a pool being deleted drop its finalizer while a claim of it still
+// carries the IPAM's: the IPAM retries the pool.
+func poolMayGo(ctx context.Context, c client.Client, pool *ipamv1.IPPool) error {
+	if pool.DeletionTimestamp.IsZero() || controllerutil.ContainsFinalizer(pool, ipamv1.IPPoolFinalizer) {
+		return nil
+	}
+	claims := &ipamv1.IPClaimList{}
+	if err := c.List(ctx, claims, client.InNamespace(pool.Namespace)); err != nil {
+		return fmt.Errorf("listing the IPClaims of IPPool %s/%s before it lets itself go: %w", pool.Namespace, pool.Name, err)
+	}
+	for _, claim := range claims.Items {
+		if claim.Spec.Pool.Name == pool.Name && controllerutil.ContainsFinalizer(&claim, ipamv1.IPClaimFinalizer) {
+			return apierrors.NewConflict(ipamv1.GroupVersion.WithResource("ippools").GroupResource(), pool.Name,
+				fmt.Errorf("IPClaim %s still carries the IPAM's finalizer", claim.Name))
+		}
+	}
+	return nil
 }
 
 // finalizeClaimFirst saves the IPAM's finalizer on the claim address is for, from a live read, or

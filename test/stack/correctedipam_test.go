@@ -83,3 +83,61 @@ func TestCorrectedIPAMFinalizesTheClaimFirst(t *testing.T) {
 		})
 	}
 }
+
+// TestCorrectedIPAMPoolWaitsForItsClaims: a pool being deleted keeps its finalizer while a claim
+// of it carries the IPAM's, and lets it go once none does.
+func TestCorrectedIPAMPoolWaitsForItsClaims(t *testing.T) {
+	ctx := context.Background()
+	cp, err := harness.Start(ctx, harness.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	c, err := correctedIPAMClient(cp.Config, client.Options{Scheme: fixtures.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "corrected-"}}
+	if err := cp.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	pool := fixtures.Metal3Pool("pool", "10.0")
+	pool.Namespace, pool.Finalizers = ns.Name, []string{ipamv1.IPPoolFinalizer}
+	claim := &ipamv1.IPClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "claim", Namespace: ns.Name, Finalizers: []string{ipamv1.IPClaimFinalizer}},
+		Spec:       ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: pool.Name}},
+	}
+	other := claim.DeepCopy()
+	other.Name, other.Spec.Pool.Name = "of-another-pool", "another"
+	for _, obj := range []client.Object{pool, claim, other} {
+		if err := cp.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cp.Client.Delete(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	letGo := func() error {
+		live := &ipamv1.IPPool{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(pool), live); err != nil {
+			return err
+		}
+		before := live.DeepCopy()
+		live.Finalizers = nil
+		return c.Patch(ctx, live, client.MergeFrom(before))
+	}
+	if err := letGo(); !apierrors.IsConflict(err) {
+		t.Fatalf("the pool let its finalizer go while its claim carried the IPAM's: %v", err)
+	}
+	claim.Finalizers = nil
+	if err := cp.Client.Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	// The other pool's claim still carries the finalizer: it does not hold this pool.
+	if err := letGo(); err != nil {
+		t.Fatalf("the pool could not let its finalizer go once no claim of it carried the IPAM's: %v", err)
+	}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pool), &ipamv1.IPPool{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the pool is still there: %v", err)
+	}
+}
