@@ -15,7 +15,7 @@ suites=(
   "./e2e             45  5m"
   "./install        125  8m"
   "./demo            45  5m"
-  "./bench          345 15m -v"
+  "./bench          480 20m -v"
   "./faults           5  3m -run ^TestCheck"
   "./faults         390 15m -run TestFaults/^(kills|rejected-after-mutation|leader-loss|api-faults)$"
   "./integration    310 10m -v"

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -42,6 +43,8 @@ type config struct {
 	timeout time.Duration
 	results string
 	only    string
+	// scenarios, if set, are the only setting/scenario names run.
+	scenarios []string
 	// webhookArgs are extra flags for the webhook process, to measure what a setting changes.
 	webhookArgs string
 	// page is the Markdown page written from the results, relative to the repository; empty: none.
@@ -301,10 +304,11 @@ func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 
 // selected tells whether a scenario runs: --only, and a leader-loss size above zero.
 func (b *bench) selected(s setting, sc scenario) bool {
-	if sc.LeaderLoss && b.cfg.leaderLoss <= 0 {
+	name := s.Name + "/" + sc.Name
+	if sc.LeaderLoss && b.cfg.leaderLoss <= 0 || len(b.cfg.scenarios) > 0 && !slices.Contains(b.cfg.scenarios, name) {
 		return false
 	}
-	return strings.Contains(s.Name+"/"+sc.Name, b.cfg.only)
+	return strings.Contains(name, b.cfg.only)
 }
 
 func (b *bench) runAndRecord(ctx context.Context, report *Report, s setting, sc scenario, mode string, repeat int) error {
