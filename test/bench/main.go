@@ -121,8 +121,8 @@ type scenario struct {
 	// tell what any webhook costs CAPM3's template loop from what preallocation costs.
 	NoOp bool
 	// LeaderLoss runs the webhook as two replicas under leader election behind a load balancer
-	// and kills the leader (SIGKILL) once half of the burst's Metal3Data exist, in both modes
-	// (issue 14); it is restarted half a second later.
+	// and kills the leader (SIGKILL) once half of the burst's Metal3Data exist, in both modes;
+	// it is restarted half a second later.
 	LeaderLoss bool
 }
 
@@ -136,7 +136,7 @@ var raised = stack.Options{QPS: 1000, Burst: 2000}
 // no-op webhook run that tells what admission costs. The backlog scenario measures CAPM3's
 // Metal3Data queue, not the IPAM's throughput (the bursts do), so its IPAM runs with the raised
 // limit: at 20/s the IPAM alone needs minutes for the claims of 200 machines. So does the
-// fast-IPAM burst, where the IPAM keeps up and CAPM3's own limits decide (issue 11's bigger lead).
+// fast-IPAM burst, where the IPAM keeps up and CAPM3's own limits decide.
 func settings() []setting {
 	return []setting{
 		{

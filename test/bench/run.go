@@ -303,7 +303,7 @@ func (b *bench) replicasSettled(ctx context.Context) error {
 }
 
 // killLeader waits until half of the run's Metal3Data exist, then kills the leading replica
-// (SIGKILL) and starts it again half a second later, as issue 14 did by hand. It returns when
+// (SIGKILL) and starts it again half a second later. It returns when
 // the kill was, and whether a leader was found to kill (after 5 s without one, none is killed).
 func (b *bench) killLeader(ctx context.Context, capm3 *stack.CAPM3, ns string, n int) (time.Time, bool, error) {
 	for {

@@ -16,7 +16,7 @@ import (
 	"github.com/metal3-community/ip-preallocator/test/harness"
 )
 
-// The leader-loss scenario (issue 14): the leader is SIGKILLed while a stream of Metal3Data is
+// The leader-loss scenario: the leader is SIGKILLed while a stream of Metal3Data is
 // admitted and stays down (its node died) until the other replica holds the lease. During that
 // election window the surviving replica keeps admitting and must hand over its own Metal3Data's
 // claims without the lease, so their time-to-Ready stays what it is without any fault; the
