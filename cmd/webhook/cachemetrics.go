@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,7 +20,7 @@ func registerCacheSizes(c cache.Cache, scheme *runtime.Scheme, objs []client.Obj
 	for _, obj := range objs {
 		gvk, err := apiutil.GVKForObject(obj, scheme)
 		if err != nil {
-			return err
+			return fmt.Errorf("finding the kind of a cached %T: %w", obj, err)
 		}
 		listGVK := gvk.GroupVersion().WithKind(gvk.Kind + "List")
 		_, metadataOnly := obj.(*metav1.PartialObjectMetadata)
@@ -35,7 +36,7 @@ func registerCacheSizes(c cache.Cache, scheme *runtime.Scheme, objs []client.Obj
 			}
 			l, err := scheme.New(listGVK)
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("making an empty %s: %w", listGVK.Kind, err)
 			}
 			return l.(client.ObjectList), nil
 		}
@@ -56,7 +57,7 @@ func registerCacheSizes(c cache.Cache, scheme *runtime.Scheme, objs []client.Obj
 			return float64(meta.LenList(list))
 		})
 		if err := metrics.Registry.Register(gauge); err != nil {
-			return err
+			return fmt.Errorf("registering the cached objects gauge of %s %s: %w", gvk.Kind, content, err)
 		}
 	}
 	return nil

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"reflect"
 	"time"
 
 	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -177,6 +179,14 @@ func cached(ipamWait bool) []client.Object {
 	return objs
 }
 
+// informerOf names the informer of obj in errors: the metadata or the whole objects of a kind.
+func informerOf(obj client.Object) string {
+	if _, ok := obj.(*metav1.PartialObjectMetadata); ok {
+		return "the metadata informer of " + obj.GetObjectKind().GroupVersionKind().Kind
+	}
+	return "the informer of " + reflect.TypeOf(obj).Elem().Name()
+}
+
 func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
@@ -199,7 +209,7 @@ func run(ctx context.Context, o options) error {
 	// Informers registered before the start are part of the readiness cache sync.
 	for _, obj := range cached(o.ipamWait > 0) {
 		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
-			return err
+			return fmt.Errorf("getting %s: %w", informerOf(obj), err)
 		}
 	}
 	if err := registerCacheSizes(mgr.GetCache(), scheme, cached(o.ipamWait > 0)); err != nil {
@@ -217,21 +227,24 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
+		return fmt.Errorf("adding the ping health check: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
-		return err
+		return fmt.Errorf("adding the webhook readiness check: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("cache", cacheSynced(mgr.GetCache())); err != nil {
-		return err
+		return fmt.Errorf("adding the cache readiness check: %w", err)
 	}
-	return mgr.Start(ctx)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("running the manager: %w", err)
+	}
+	return nil
 }
 
 func newManager(o options, scheme *runtime.Scheme) (ctrl.Manager, error) {
 	tlsOpts, metricsOpts, err := flags.GetManagerOptions(o.manager)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("reading the manager's TLS and metrics options: %w", err)
 	}
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
@@ -241,7 +254,7 @@ func newManager(o options, scheme *runtime.Scheme) (ctrl.Manager, error) {
 	cfg.QPS, cfg.Burst = o.qps, o.burst
 	// Every claim carries CAPM3's finalizer, which the API server warns about on each create.
 	cfg.WarningHandlerWithContext = log.NewKubeAPIWarningLogger(log.KubeAPIWarningLoggerOptions{Deduplicate: true})
-	return ctrl.NewManager(cfg, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 *metricsOpts,
 		HealthProbeBindAddress:  o.healthAddr,
@@ -261,6 +274,10 @@ func newManager(o options, scheme *runtime.Scheme) (ctrl.Manager, error) {
 			TLSOpts: tlsOpts,
 		}),
 	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the manager: %w", err)
+	}
+	return mgr, nil
 }
 
 func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions *handover.Admissions) (*handover.Creations, error) {
@@ -272,7 +289,7 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 		IPAMWait:   o.ipamWait,
 	}
 	if err := mgr.Add(creations); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("adding the claim creations to the manager: %w", err)
 	}
 	if o.ipamWait <= 0 {
 		return creations, nil
@@ -281,10 +298,10 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 	for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
 		informer, err := mgr.GetCache().GetInformer(ctx, claim)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("getting %s: %w", informerOf(claim), err)
 		}
 		if _, err := informer.AddEventHandler(creations.IPAMLag.ClaimEvents()); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("adding the IPAM lag handler to %s: %w", informerOf(claim), err)
 		}
 	}
 	return creations, nil
@@ -292,12 +309,13 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 
 func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *runtime.Scheme, creations *handover.Creations) error {
 	deletions := &mutate.Deletions{Window: reusedNameHoldoff}
-	dataInformer, err := mgr.GetCache().GetInformer(ctx, allocation.Metadata(allocation.Metal3DataGVK))
+	dataMetadata := allocation.Metadata(allocation.Metal3DataGVK)
+	dataInformer, err := mgr.GetCache().GetInformer(ctx, dataMetadata)
 	if err != nil {
-		return err
+		return fmt.Errorf("getting %s: %w", informerOf(dataMetadata), err)
 	}
 	if _, err := dataInformer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{DeleteFunc: deletions.OnDelete}); err != nil {
-		return err
+		return fmt.Errorf("adding the deletions handler to %s: %w", informerOf(dataMetadata), err)
 	}
 	mgr.GetWebhookServer().Register("/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate",
 		&webhook.Admission{WithContextFunc: mutate.WithRequestTiming, Handler: &mutate.Preallocator{

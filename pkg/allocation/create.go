@@ -179,7 +179,7 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 	err := withRetries(ctx, func(err error) bool { return IsTestFailure(err) || isTransient(err) }, func() error {
 		full, _ := claim.Object.DeepCopyObject().(client.Object)
 		if err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: existing.GetNamespace(), Name: name}, full); err != nil {
-			return err
+			return fmt.Errorf("reading it live: %w", err)
 		}
 		if owner := Metal3DataOwner(full); owner != nil && owner.Name == dataName && full.GetDeletionTimestamp() == nil {
 			// Handed over since read: by a take-over to the Metal3Data this admission made, or, from a
@@ -216,7 +216,7 @@ func (c *Creator) storedWith(ctx context.Context, namespace, name string, uid ty
 	case apierrors.IsNotFound(err):
 		return false, nil
 	case err != nil:
-		return false, err
+		return false, fmt.Errorf("reading Metal3Data %s/%s: %w", namespace, name, err)
 	}
 	return data.UID == uid && data.Annotations[AdmissionAnnotation] == token, nil
 }

@@ -229,7 +229,7 @@ func Reclaim(ctx context.Context, c client.Writer, claim client.Object, token, d
 func patch(ctx context.Context, c client.Writer, gvk schema.GroupVersionKind, namespace, name string, ops []jsonpatch.Operation) error {
 	body, err := json.Marshal(ops)
 	if err != nil {
-		return err
+		return fmt.Errorf("encoding the JSON patch: %w", err)
 	}
 	obj := Metadata(gvk)
 	obj.SetNamespace(namespace)

@@ -113,8 +113,11 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 			b = b.Watches(wholeClaim(gvk.Kind), handler.EnqueueRequestsFromMapFunc(dataWaitedFor), builder.WithPredicates(answeredNow))
 		}
 	}
-	return b.WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(false)}).
-		Complete(h)
+	if err := b.WithOptions(controller.Options{MaxConcurrentReconciles: concurrency, NeedLeaderElection: ptr.To(false)}).
+		Complete(h); err != nil {
+		return fmt.Errorf("setting up controller preallocation-handover: %w", err)
+	}
+	return nil
 }
 
 // stillWaiting passes the events of claims that wait for a Metal3Data.
@@ -158,7 +161,10 @@ func (h *HandOver) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 	data := allocation.Metadata(allocation.Metal3DataGVK)
 	if err := h.Client.Get(ctx, req.NamespacedName, data); err != nil {
 		h.seen.forget(req.NamespacedName)
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("reading Metal3Data %s: %w", req.NamespacedName, err)
 	}
 	token := data.Annotations[allocation.AdmissionAnnotation]
 	if warning := h.Admissions.takeWarning(req.NamespacedName, token); warning != "" {
@@ -397,7 +403,7 @@ func handOverOne(ctx context.Context, c client.Client, data *metav1.PartialObjec
 	case err == nil && slices.ContainsFunc(cached.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == data.UID }):
 		return false, nil
 	case err != nil && !apierrors.IsNotFound(err):
-		return false, err
+		return false, fmt.Errorf("reading it from the cache: %w", err)
 	}
 	log.FromContext(ctx).V(2).Info("Handing preallocated claim over", ref.Kind, klog.KRef(data.Namespace, ref.Name))
 	return allocation.HandOver(ctx, c, data, ref, token, cached.Annotations)

@@ -71,9 +71,12 @@ func heldForValue(o client.Object) []string {
 // Metal3DataClaim that one answers.
 func IndexWaitingFor(ctx context.Context, mgr ctrl.Manager, gvk schema.GroupVersionKind) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, allocation.Metadata(gvk), waitingForIndex, waitingForValue); err != nil {
-		return err
+		return fmt.Errorf("indexing %ss by the Metal3Data they wait for: %w", gvk.Kind, err)
 	}
-	return mgr.GetFieldIndexer().IndexField(ctx, allocation.Metadata(gvk), heldForIndex, heldForValue)
+	if err := mgr.GetFieldIndexer().IndexField(ctx, allocation.Metadata(gvk), heldForIndex, heldForValue); err != nil {
+		return fmt.Errorf("indexing %ss by the Metal3DataClaim they are held for: %w", gvk.Kind, err)
+	}
+	return nil
 }
 
 // waitingOrOrphaned passes the claims Release looks after.
@@ -88,8 +91,9 @@ func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
-	return ctrl.NewControllerManagedBy(mgr).
-		Named("preallocation-release-"+r.ClaimGVK.Kind).
+	name := "preallocation-release-" + r.ClaimGVK.Kind
+	if err := ctrl.NewControllerManagedBy(mgr).
+		Named(name).
 		For(allocation.Metadata(r.ClaimGVK), builder.WithPredicates(waitingOrOrphaned)).
 		// A release that found its Metal3Data stored ahead of the cache comes back with it.
 		Watches(allocation.Metadata(allocation.Metal3DataGVK), handler.EnqueueRequestsFromMapFunc(r.claimsWaitingFor),
@@ -97,7 +101,10 @@ func (r *Release) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		// A Metal3DataClaim that gets its data or goes ends the hold of the claims planned for it.
 		Watches(allocation.Metadata(dataClaimGVK), handler.EnqueueRequestsFromMapFunc(r.claimsHeldFor)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
-		Complete(r)
+		Complete(r); err != nil {
+		return fmt.Errorf("setting up controller %s: %w", name, err)
+	}
+	return nil
 }
 
 func (r *Release) claimsWaitingFor(ctx context.Context, data client.Object) []reconcile.Request {
@@ -128,7 +135,10 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	claim := allocation.Metadata(r.ClaimGVK)
 	if err := r.Client.Get(ctx, req.NamespacedName, claim); err != nil {
 		r.seen.forget(req.NamespacedName)
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("reading %s %s: %w", r.ClaimGVK.Kind, req.NamespacedName, err)
 	}
 	switch phaseOf(claim) {
 	case waiting:

@@ -2,6 +2,7 @@ package handover
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
@@ -43,20 +44,26 @@ func (s *Surplus) SetupWithManager(ctx context.Context, mgr ctrl.Manager, concur
 		}
 		return nil
 	}); err != nil {
-		return err
+		return fmt.Errorf("indexing IPAddresses by the UID of their IPClaim: %w", err)
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	if err := ctrl.NewControllerManagedBy(mgr).
 		Named("surplus-addresses").
 		For(address).
 		WithOptions(controller.Options{MaxConcurrentReconciles: concurrency}).
-		Complete(s)
+		Complete(s); err != nil {
+		return fmt.Errorf("setting up controller surplus-addresses: %w", err)
+	}
+	return nil
 }
 
 // Reconcile implements reconcile.Reconciler.
 func (s *Surplus) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	address := allocation.Metadata(allocation.Metal3AddressGVK)
 	if err := s.Client.Get(ctx, req.NamespacedName, address); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("reading IPAddress %s: %w", req.NamespacedName, err)
 	}
 	uid := allocation.AddressClaimUID(address)
 	if uid == "" || !address.DeletionTimestamp.IsZero() {
@@ -65,7 +72,7 @@ func (s *Surplus) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(allocation.Metal3AddressListGVK)
 	if err := s.Client.List(ctx, list, client.InNamespace(req.Namespace), client.MatchingFields{claimUIDIndex: string(uid)}); err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, fmt.Errorf("listing the IPAddresses of namespace %s made for IPClaim UID %s: %w", req.Namespace, uid, err)
 	}
 	var addresses []metav1.PartialObjectMetadata
 	var youngest time.Time
@@ -93,7 +100,7 @@ func (s *Surplus) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{}, nil
 	}
 	if err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, fmt.Errorf("reading IPClaim %s/%s: %w", req.Namespace, claimName, err)
 	}
 	if claim.Status.Address == nil {
 		// The IPAM has not written its answer yet; its write is an event of no IPAddress.

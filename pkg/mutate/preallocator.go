@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -392,11 +393,23 @@ func (p *Preallocator) host(ctx context.Context, m3m *infrav1.Metal3Machine) (*m
 
 func (p *Preallocator) get(ctx context.Context, namespace, name string, obj client.Object) error {
 	key := types.NamespacedName{Namespace: namespace, Name: name}
+	kind := kindOf(obj)
 	err := p.Reader.Get(ctx, key, obj)
 	if apierrors.IsNotFound(err) && p.APIReader != nil {
-		return p.APIReader.Get(ctx, key, obj)
+		err = p.APIReader.Get(ctx, key, obj)
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("reading %s %s: %w", kind, name, err)
+	}
+	return nil
+}
+
+// kindOf names obj's kind in errors: metadata-only objects carry it, typed ones are named by type.
+func kindOf(obj client.Object) string {
+	if kind := obj.GetObjectKind().GroupVersionKind().Kind; kind != "" {
+		return kind
+	}
+	return reflect.TypeOf(obj).Elem().Name()
 }
 
 // ownerName finds an owner by group and kind, ignoring version and UID as CAPM3 does.

@@ -44,7 +44,10 @@ var _ admission.Validator[*infrav1.Metal3DataTemplate] = &Metal3DataTemplate{}
 
 // SetupWebhookWithManager registers the handler on the manager's webhook server.
 func (v *Metal3DataTemplate) SetupWebhookWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewWebhookManagedBy(mgr, &infrav1.Metal3DataTemplate{}).WithValidator(v).Complete()
+	if err := ctrl.NewWebhookManagedBy(mgr, &infrav1.Metal3DataTemplate{}).WithValidator(v).Complete(); err != nil {
+		return fmt.Errorf("setting up the Metal3DataTemplate validating webhook: %w", err)
+	}
+	return nil
 }
 
 // ValidateCreate implements admission.Validator.
