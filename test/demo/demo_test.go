@@ -108,8 +108,8 @@ func TestDemo(t *testing.T) {
 const heldMachines = 6
 
 // checkHeld: the second act ran in both modes with every machine Ready; CAPM3 created every claim
-// in stock and at most those the webhook left it with the webhook, and, having found the claims
-// filled when let go, did its work in one reconcile per Metal3Data, where stock needs more.
+// in stock and few with the webhook, and, having found the claims in place when let go, did its
+// work in one reconcile per Metal3Data, where stock needs more.
 func checkHeld(t *testing.T, held []Held, out string) {
 	t.Helper()
 	const pools = 3
@@ -131,9 +131,10 @@ func checkHeld(t *testing.T, held []Held, out string) {
 	if 10*pre.ClaimsByCAPM3 > pre.Claims {
 		t.Errorf("second act, with the webhook: CAPM3 created %d of %d claims", pre.ClaimsByCAPM3, pre.Claims)
 	}
-	if pre.Work != pre.N || stock.Work <= pre.Work {
-		t.Errorf("second act: %d reconciles that did work for %d Metal3Data with the webhook, %d without; want one each, and more without",
-			pre.Work, pre.N, stock.Work)
+	// A claim the webhook left to CAPM3 costs one more reconcile that works: the one creating it.
+	if pre.Work > pre.N+pre.ClaimsByCAPM3 || stock.Work <= pre.Work {
+		t.Errorf("second act: %d reconciles that did work for %d Metal3Data with the webhook (CAPM3 created %d claims), %d without; want one each, and more without",
+			pre.Work, pre.N, pre.ClaimsByCAPM3, stock.Work)
 	}
 	if !strings.Contains(out, "With the webhook, held CAPM3: ") {
 		t.Error("no comparison printed for the second act")
