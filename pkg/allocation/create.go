@@ -90,7 +90,7 @@ func (c *Creator) create(ctx context.Context, dataName, token string, claim Clai
 		return c.classify(ctx, claim, existing, dataName, token, sent)
 	}
 
-	obj := claim.Preallocated(token)
+	obj := claim.preallocated(token)
 	// Every claim left to CAPM3 loses the head start, so retry within the deadline.
 	err = withRetries(ctx, isTransient, func() error {
 		return c.Client.Create(onWire(ctx, sent), obj.DeepCopyObject().(client.Object), client.FieldOwner(FieldManager))

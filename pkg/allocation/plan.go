@@ -69,9 +69,9 @@ func (c Claim) GVK() schema.GroupVersionKind {
 	return IPAddressClaimGVK
 }
 
-// Preallocated is the claim as created before its Metal3Data has a UID: our annotations instead of
+// preallocated is the claim as created before its Metal3Data has a UID: our annotations instead of
 // the owner reference, as an owner that is not stored makes the garbage collector delete the claim.
-func (c Claim) Preallocated(token string) client.Object {
+func (c Claim) preallocated(token string) client.Object {
 	obj, _ := c.Object.DeepCopyObject().(client.Object)
 	obj.SetOwnerReferences(nil)
 	ann := maps.Clone(obj.GetAnnotations())

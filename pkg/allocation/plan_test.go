@@ -90,7 +90,7 @@ func TestPreallocated(t *testing.T) {
 	data.UID = ""
 	data.Spec.Claim = &infrav1.Metal3ObjectRef{Name: "m3m-0", Namespace: "ns"}
 	claim := Plan(data, []PoolRef{metal3("m3")}, "host", false)[0]
-	got := claim.Preallocated("admission-uid")
+	got := claim.preallocated("admission-uid")
 	if len(got.GetOwnerReferences()) != 0 {
 		t.Errorf("owner references: %v", got.GetOwnerReferences())
 	}
@@ -99,7 +99,7 @@ func TestPreallocated(t *testing.T) {
 		t.Errorf("annotations (-want +got):\n%s", diff)
 	}
 	data.Spec.Claim.Namespace = "elsewhere"
-	if _, ok := Plan(data, []PoolRef{metal3("m3")}, "host", false)[0].Preallocated("t").GetAnnotations()[DataClaimAnnotation]; ok {
+	if _, ok := Plan(data, []PoolRef{metal3("m3")}, "host", false)[0].preallocated("t").GetAnnotations()[DataClaimAnnotation]; ok {
 		t.Error("a Metal3DataClaim in another namespace is named")
 	}
 	if len(claim.Object.GetOwnerReferences()) != 1 || claim.Object.GetAnnotations() != nil {

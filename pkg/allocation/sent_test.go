@@ -28,7 +28,7 @@ func TestSentBeforeStored(t *testing.T) {
 	t.Run("reclaim", func(t *testing.T) {
 		var waiting []client.Object
 		for _, c := range plannedClaims() {
-			waiting = append(waiting, c.Preallocated("earlier-admission"))
+			waiting = append(waiting, c.preallocated("earlier-admission"))
 		}
 		testSentBeforeStored(t, waiting)
 	})

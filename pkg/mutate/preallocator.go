@@ -34,8 +34,8 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// HostAnnotation is where the Metal3Machine controller records its BareMetalHost.
-const HostAnnotation = "metal3.io/BareMetalHost"
+// hostAnnotation is where the Metal3Machine controller records its BareMetalHost.
+const hostAnnotation = "metal3.io/BareMetalHost"
 
 // Reasons for admitting a Metal3Data without preallocating; they are metric label values.
 const (
@@ -376,13 +376,13 @@ func (p *Preallocator) ownerMachine(ctx context.Context, m3m *infrav1.Metal3Mach
 
 // host mirrors CAPM3's getHost: the annotation's namespace is ignored.
 func (p *Preallocator) host(ctx context.Context, m3m *infrav1.Metal3Machine) (*metav1.PartialObjectMetadata, error) {
-	value, ok := m3m.Annotations[HostAnnotation]
+	value, ok := m3m.Annotations[hostAnnotation]
 	if !ok {
 		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s has no BareMetalHost yet", m3m.Name)
 	}
 	_, name, err := cache.SplitMetaNamespaceKey(value)
 	if err != nil {
-		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s: annotation %s: %v", m3m.Name, HostAnnotation, err)
+		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s: annotation %s: %v", m3m.Name, hostAnnotation, err)
 	}
 	bmh := allocation.Metadata(bmov1alpha1.GroupVersion.WithKind("BareMetalHost"))
 	if err := p.get(ctx, m3m.Namespace, name, bmh); err != nil {

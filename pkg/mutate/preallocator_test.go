@@ -103,7 +103,7 @@ func TestSkips(t *testing.T) {
 		}},
 		{name: "no Machine", reason: ReasonObjectMissing, without: func(m *fixtures.Machine) client.Object { return m.Machine }},
 		{name: "no host annotation", reason: ReasonObjectMissing, mutate: func(m *fixtures.Machine) {
-			delete(m.Metal3Machine.Annotations, HostAnnotation)
+			delete(m.Metal3Machine.Annotations, hostAnnotation)
 		}},
 		{name: "no BareMetalHost", reason: ReasonObjectMissing, without: func(m *fixtures.Machine) client.Object { return m.Host }},
 		{

@@ -84,11 +84,11 @@ func Template(old, tmpl *infrav1.Metal3DataTemplate) (field.ErrorList, []string)
 	if tmpl.DeletionTimestamp != nil || old != nil && equality.Semantic.DeepEqual(old.Spec, tmpl.Spec) {
 		return nil, nil
 	}
-	errs, warnings := PoolReferences(tmpl)
+	errs, warnings := poolReferences(tmpl)
 	if old == nil || len(errs) == 0 {
 		return errs, warnings
 	}
-	oldErrs, _ := PoolReferences(old)
+	oldErrs, _ := poolReferences(old)
 	stored := map[errorKey]bool{}
 	for _, err := range oldErrs {
 		stored[keyOf(err)] = true

@@ -16,12 +16,12 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// MaxIndex is the largest Metal3Data index a template is expected to serve.
-const MaxIndex = 999999
+// maxIndex is the largest Metal3Data index a template is expected to serve.
+const maxIndex = 999999
 
-// PoolReferences rejects only what CAPM3 fails every Metal3Data of the template on, and warns where
-// CAPM3 silently ignores something or claim names stop fitting below MaxIndex.
-func PoolReferences(tmpl *infrav1.Metal3DataTemplate) (field.ErrorList, []string) {
+// poolReferences rejects only what CAPM3 fails every Metal3Data of the template on, and warns where
+// CAPM3 silently ignores something or claim names stop fitting below maxIndex.
+func poolReferences(tmpl *infrav1.Metal3DataTemplate) (field.ErrorList, []string) {
 	var errs field.ErrorList
 	var warnings []string
 	pools, conflicts := allocation.Resolve(tmpl, allocation.Machine{})
@@ -79,7 +79,7 @@ func validateClaimName(path *field.Path, template, pool string) (field.ErrorList
 			"the claims of pool %q would be named %q (%d characters for index 0), which is not a valid object name: %s",
 			pool, name, len(name), strings.Join(msgs, "; ")))}, nil
 	}
-	longest := allocation.ClaimName(allocation.DataName(template, MaxIndex), pool)
+	longest := allocation.ClaimName(allocation.DataName(template, maxIndex), pool)
 	if len(longest) <= validation.DNS1123SubdomainMaxLength {
 		return nil, nil
 	}

@@ -110,7 +110,7 @@ func TestPoolReferences(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			errs, warnings := PoolReferences(tc.tmpl)
+			errs, warnings := poolReferences(tc.tmpl)
 			expectVerdict(t, errs, warnings, tc.wantErrs, tc.wantWarnings)
 		})
 	}
