@@ -94,6 +94,20 @@ func pairedVerdicts(comparisons []Comparison) []Paired {
 	return out
 }
 
+// slowedBy is the verdicts had every preallocated total been factor times as long: what the check
+// says of a slowdown measured with this run's own noise.
+func slowedBy(verdicts []Paired, factor float64) []Paired {
+	out := make([]Paired, len(verdicts))
+	for i, p := range verdicts {
+		ratios := make([]float64, len(p.Ratios))
+		for j, r := range p.Ratios {
+			ratios[j] = r * factor
+		}
+		out[i] = pairedVerdict(p.Setting, p.Scenario, ratios)
+	}
+	return out
+}
+
 func (p Paired) String() string {
 	return fmt.Sprintf("%s/%s: %s: total %.2f× stock's (geometric mean of %d pairs, 90%% interval %.2f–%.2f), ceiling %.2f",
 		p.Setting, p.Scenario, p.Verdict, p.GeoMean, len(p.Ratios), p.Low, p.High, p.Ceiling)

@@ -75,3 +75,15 @@ func TestCheckSpeed(t *testing.T) {
 		t.Errorf("nothing judged: %q", f)
 	}
 }
+
+// TestSlowedBy: the injected slowdown multiplies every pair's ratio and judges again.
+func TestSlowedBy(t *testing.T) {
+	verdicts := []Paired{pairedVerdict("default-limits", "burst", []float64{0.9, 0.92, 0.88, 0.9, 0.91, 0.89})}
+	if verdicts[0].Verdict != verdictNotSlower {
+		t.Fatalf("unchanged: %v", verdicts[0])
+	}
+	slowed := slowedBy(verdicts, 1.3)
+	if slowed[0].Verdict != verdictSlower || math.Abs(slowed[0].GeoMean-1.3*verdicts[0].GeoMean) > 1e-9 {
+		t.Errorf("1.3× slower: %v", slowed[0])
+	}
+}
