@@ -22,15 +22,7 @@ import (
 func TestCorrectedIPAMFinalizesTheClaimFirst(t *testing.T) {
 	ctx := context.Background()
 	// No namespace controller: a deleted namespace stays Terminating, its claims with it.
-	cp, err := harness.Start(ctx, harness.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Stop)
-	c, err := correctedIPAMClient(cp.Config, client.Options{Scheme: fixtures.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cp, c := startWithCorrectedClient(t)
 	const keep = "metal3data.infrastructure.cluster.x-k8s.io"
 	for _, tc := range []struct {
 		name                       string
@@ -88,15 +80,7 @@ func TestCorrectedIPAMFinalizesTheClaimFirst(t *testing.T) {
 // of it carries the IPAM's, and lets it go once none does.
 func TestCorrectedIPAMPoolWaitsForItsClaims(t *testing.T) {
 	ctx := context.Background()
-	cp, err := harness.Start(ctx, harness.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cp.Stop)
-	c, err := correctedIPAMClient(cp.Config, client.Options{Scheme: fixtures.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cp, c := startWithCorrectedClient(t)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "corrected-"}}
 	if err := cp.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
@@ -140,4 +124,20 @@ func TestCorrectedIPAMPoolWaitsForItsClaims(t *testing.T) {
 	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(pool), &ipamv1.IPPool{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the pool is still there: %v", err)
 	}
+}
+
+// startWithCorrectedClient starts a control plane without controllers and returns it with the
+// corrected IPAM's client.
+func startWithCorrectedClient(t *testing.T) (*harness.ControlPlane, client.Client) {
+	t.Helper()
+	cp, err := harness.Start(context.Background(), harness.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	c, err := correctedIPAMClient(cp.Config, client.Options{Scheme: fixtures.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cp, c
 }
