@@ -159,12 +159,14 @@ func (o *options) checkFlags() error {
 }
 
 // cached lists what is read through the cache: metadata, but for the template, Metal3Machine and
-// Cluster, and with ipamWait the claims' status, which the hand-over waits for.
+// Cluster, the IPClaims' status, which the release reads to tell a busy pool, and with ipamWait the
+// IPAddressClaims' status, which the hand-over waits for too.
 func cached(ipamWait bool) []client.Object {
 	objs := []client.Object{
 		&infrav1.Metal3DataTemplate{},
 		&infrav1.Metal3Machine{},
 		&clusterv1.Cluster{},
+		&ipamv1.IPClaim{},
 		allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3DataClaim")),
 		allocation.Metadata(clusterv1.GroupVersion.WithKind("Machine")),
 		allocation.Metadata(bmov1alpha1.GroupVersion.WithKind("BareMetalHost")),
@@ -174,7 +176,7 @@ func cached(ipamWait bool) []client.Object {
 		allocation.Metadata(allocation.Metal3AddressGVK),
 	}
 	if ipamWait {
-		objs = append(objs, &ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{})
+		objs = append(objs, &capipamv1.IPAddressClaim{})
 	}
 	return objs
 }

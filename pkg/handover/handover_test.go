@@ -415,6 +415,60 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("answered: %v", err)
 		}
 	})
+	t.Run("kept while another claim of its pool waits for the IPAM, within the hold limit", func(t *testing.T) {
+		answered := claim("tmpl-0-a", "t1")
+		answered.Finalizers = append(answered.Finalizers, "ipclaim.ipam.metal3.io")
+		answered.Spec.Pool.Name = "provisioning"
+		other := func(name, pool string) *ipamv1.IPClaim {
+			c := &ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}}
+			c.Spec.Pool.Name = pool
+			return c
+		}
+		otherPool := other("tmpl-1-b", "baremetal")
+		given := other("tmpl-2-a", "provisioning")
+		given.Status.Address = &corev1.ObjectReference{Name: "provisioning-10-0-0-2"}
+		failed := other("tmpl-3-a", "provisioning")
+		failed.Status.ErrorMessage = ptr.To("Exhausted IP Pools")
+		leaving := other("tmpl-4-a", "provisioning")
+		leaving.Finalizers = []string{"ipclaim.ipam.metal3.io"}
+		leaving.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		quiet := newClient(interceptor.Funcs{}, answered.DeepCopy(), otherPool, given, failed, leaving)
+		r := newRelease(quiet, quiet, 0)
+		r.HoldLimit = time.Hour
+		if _, err := r.Reconcile(ctx, req); err != nil || !isDeleting(t, quiet) {
+			t.Fatalf("unanswered claims only in other pools, or being deleted: %v", err)
+		}
+
+		pending := other("tmpl-5-a", "provisioning")
+		busy := newClient(interceptor.Funcs{}, answered.DeepCopy(), pending)
+		r = newRelease(busy, busy, 0)
+		r.HoldLimit = time.Hour
+		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter != poolRecheck || isDeleting(t, busy) {
+			t.Fatalf("while another claim of its pool waits: %v %v", res, err)
+		}
+		pending.Status.Address = &corev1.ObjectReference{Name: "provisioning-10-0-0-5"}
+		if err := busy.Update(ctx, pending); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Reconcile(ctx, req); err != nil || !isDeleting(t, busy) {
+			t.Fatalf("once it is answered: %v", err)
+		}
+
+		// Deleted by someone else: CAPM3's finalizer, whose removal lets the IPAM free the
+		// address, stays while the pool is busy, within the hold limit.
+		deleted := answered.DeepCopy()
+		deleted.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-time.Minute)}
+		deletedBusy := newClient(interceptor.Funcs{}, deleted, other("tmpl-5-a", "provisioning"))
+		r = newRelease(deletedBusy, deletedBusy, 0)
+		r.HoldLimit = time.Hour
+		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter != poolRecheck || !slices.Contains(finalizersOf(t, deletedBusy), infrav1.DataFinalizer) {
+			t.Fatalf("deleted while its pool is busy: %v %v", res, err)
+		}
+		r.HoldLimit = time.Minute
+		if _, err := r.Reconcile(ctx, req); err != nil || slices.Contains(finalizersOf(t, deletedBusy), infrav1.DataFinalizer) {
+			t.Fatalf("deleted, past the hold limit: %v", err)
+		}
+	})
 	t.Run("a reclaimed claim starts its grace period again", func(t *testing.T) {
 		c := newClient(interceptor.Funcs{}, claim("tmpl-0-a", "t1"))
 		r := newRelease(c, c, 300*time.Millisecond)
@@ -656,6 +710,15 @@ func TestTakeOver(t *testing.T) {
 }
 
 // isDeleting tells whether the claim tmpl-0-a was released: deleted, kept by CAPM3's finalizer.
+func finalizersOf(t *testing.T, c client.Reader) []string {
+	t.Helper()
+	got := &ipamv1.IPClaim{}
+	if err := c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: "tmpl-0-a"}, got); err != nil {
+		t.Fatal(err)
+	}
+	return got.Finalizers
+}
+
 func isDeleting(t *testing.T, c client.Reader) bool {
 	t.Helper()
 	got := &ipamv1.IPClaim{}

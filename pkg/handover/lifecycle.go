@@ -83,14 +83,14 @@ const (
 	// handOverRecorded hands over every claim the stored Metal3Data records, as its admitting
 	// replica would have.
 	handOverRecorded
-	// readDataClaim: the decision depends on whether the claim's Metal3DataClaim waits for data.
-	readDataClaim
+	// readHolds: the decision depends on the holds, which take reads to know.
+	readHolds
 	// release deletes the claim: its Metal3Data was never stored.
 	release
 )
 
 func (a action) String() string {
-	return [...]string{"keep", "hand over unrecorded", "hand over admitted", "hand over recorded", "read Metal3DataClaim", "release"}[a]
+	return [...]string{"keep", "hand over unrecorded", "hand over admitted", "hand over recorded", "read holds", "release"}[a]
 }
 
 type decision struct {
@@ -142,9 +142,20 @@ type releaseFacts struct {
 	age time.Duration
 	// ipamFinalized: the IPAM has put its finalizer on the claim.
 	ipamFinalized bool
-	// dataClaimWaits: the Metal3DataClaim the claim was planned for waits for data; nil until read.
-	dataClaimWaits *bool
+	// holds may keep an answered claim past its grace period; nil until read.
+	holds *holds
 }
+
+// holds are what keeps an answered claim that waits for a Metal3Data never stored.
+type holds struct {
+	// dataClaimWaits: the Metal3DataClaim the claim was planned for waits for data.
+	dataClaimWaits bool
+	// poolBusy: another claim of the claim's pool waits for the IPAM's answer.
+	poolBusy bool
+}
+
+// poolRecheck is how often a claim held for its busy pool is looked at again.
+const poolRecheck = time.Second
 
 // decideRelease is the leader's lifecycle of a waiting claim: each case names the race or the
 // promise it is for.
@@ -162,12 +173,16 @@ func decideRelease(f releaseFacts, grace, hold time.Duration) decision {
 	case !f.ipamFinalized:
 		// Deleted before the IPAM saved its finalizer, the claim can get an IPAddress nobody frees.
 		return decision{action: keep, after: grace + hold - f.age, why: "Keeping a claim the IPAM has not answered yet"}
-	case f.dataClaimWaits == nil:
-		return decision{action: readDataClaim}
-	case *f.dataClaimWaits:
+	case f.holds == nil:
+		return decision{action: readHolds}
+	case f.holds.dataClaimWaits:
 		// Released, it would be created again under its name moments after the IPAM freed it, and
 		// the IPAM, keyed by claim name, can answer with an address it hands out twice.
 		return decision{action: keep, after: grace + hold - f.age, why: "Keeping a claim whose Metal3DataClaim still waits for data"}
+	case f.holds.poolBusy:
+		// An address freed while the IPAM allocates in the pool can be allocated twice to one claim
+		// by its two pool controllers, from lists taken on either side of the free.
+		return decision{action: keep, after: min(poolRecheck, grace+hold-f.age), why: "Keeping a claim while the IPAM allocates in its pool"}
 	}
 	return decision{action: release}
 }

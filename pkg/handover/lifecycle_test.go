@@ -58,7 +58,6 @@ func TestDecideHandOver(t *testing.T) {
 // TestDecideRelease lists every transition of a waiting claim on the leader; changing any fails it.
 func TestDecideRelease(t *testing.T) {
 	const grace, hold = 120 * time.Second, 600 * time.Second
-	yes, no := true, false
 	for _, tc := range []struct {
 		name string
 		f    releaseFacts
@@ -67,12 +66,16 @@ func TestDecideRelease(t *testing.T) {
 		{"stored", releaseFacts{stored: true, age: time.Hour}, decision{action: keep, after: 120 * time.Second}},
 		{"within the grace period", releaseFacts{age: 20 * time.Second}, decision{action: keep, after: 100 * time.Second}},
 		{"unanswered, within the hold", releaseFacts{age: 200 * time.Second}, decision{action: keep, after: 520 * time.Second, why: "Keeping a claim the IPAM has not answered yet"}},
-		{"answered, Metal3DataClaim not read", releaseFacts{age: 200 * time.Second, ipamFinalized: true}, decision{action: readDataClaim}},
-		{"answered, Metal3DataClaim waits", releaseFacts{age: 200 * time.Second, ipamFinalized: true, dataClaimWaits: &yes},
+		{"answered, holds not read", releaseFacts{age: 200 * time.Second, ipamFinalized: true}, decision{action: readHolds}},
+		{"answered, Metal3DataClaim waits", releaseFacts{age: 200 * time.Second, ipamFinalized: true, holds: &holds{dataClaimWaits: true, poolBusy: true}},
 			decision{action: keep, after: 520 * time.Second, why: "Keeping a claim whose Metal3DataClaim still waits for data"}},
-		{"answered, Metal3DataClaim does not wait", releaseFacts{age: 200 * time.Second, ipamFinalized: true, dataClaimWaits: &no}, decision{action: release}},
+		{"answered, pool busy", releaseFacts{age: 200 * time.Second, ipamFinalized: true, holds: &holds{poolBusy: true}},
+			decision{action: keep, after: time.Second, why: "Keeping a claim while the IPAM allocates in its pool"}},
+		{"answered, pool busy, the hold nearly over", releaseFacts{age: 719900 * time.Millisecond, ipamFinalized: true, holds: &holds{poolBusy: true}},
+			decision{action: keep, after: 100 * time.Millisecond, why: "Keeping a claim while the IPAM allocates in its pool"}},
+		{"answered, no hold", releaseFacts{age: 200 * time.Second, ipamFinalized: true, holds: &holds{}}, decision{action: release}},
 		{"unanswered, past the hold", releaseFacts{age: 720 * time.Second}, decision{action: release}},
-		{"Metal3DataClaim waits, past the hold", releaseFacts{age: 720 * time.Second, ipamFinalized: true, dataClaimWaits: &yes}, decision{action: release}},
+		{"held, past the hold", releaseFacts{age: 720 * time.Second, ipamFinalized: true, holds: &holds{dataClaimWaits: true, poolBusy: true}}, decision{action: release}},
 	} {
 		if got := decideRelease(tc.f, grace, hold); got != tc.want {
 			t.Errorf("%s: %+v (%v), want %+v (%v)", tc.name, got, got.action, tc.want, tc.want.action)

@@ -3,9 +3,11 @@ package handover
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -166,14 +168,14 @@ func (r *Release) reconcileWaiting(ctx context.Context, key types.NamespacedName
 	}
 	f.stored = err == nil && data.DeletionTimestamp.IsZero()
 	d := decideRelease(f, r.GracePeriod, r.HoldLimit)
-	if d.action == readDataClaim {
-		waits, err := r.dataClaimWaits(ctx, claim)
+	if d.action == readHolds {
+		h, err := r.readHolds(ctx, claim)
 		if err != nil {
 			// Not an error to back off from: that could keep the claim past the hold limit.
-			logger.Error(err, "Cannot read the Metal3DataClaim of a waiting claim", r.ClaimGVK.Kind, klog.KObj(claim))
+			logger.Error(err, "Cannot read what holds a waiting claim", r.ClaimGVK.Kind, klog.KObj(claim))
 			return ctrl.Result{RequeueAfter: min(r.GracePeriod+r.HoldLimit-f.age, r.GracePeriod)}, nil
 		}
-		f.dataClaimWaits = &waits
+		f.holds = &h
 		d = decideRelease(f, r.GracePeriod, r.HoldLimit)
 	}
 	if d.action == release {
@@ -186,10 +188,20 @@ func (r *Release) reconcileWaiting(ctx context.Context, key types.NamespacedName
 }
 
 // finishDeleted removes CAPM3's finalizer from a waiting claim someone deleted, once no IPAddress
-// the IPAM may still make for it can stray.
+// the IPAM may still make for it can stray and, within the hold limit, its pool is not busy.
 func (r *Release) finishDeleted(ctx context.Context, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
 	if wait, err := r.releaseStrays(ctx, claim); wait > 0 || err != nil {
 		return ctrl.Result{RequeueAfter: wait}, err
+	}
+	if left := r.HoldLimit - time.Since(claim.DeletionTimestamp.Time); left > 0 {
+		busy, err := r.poolBusy(ctx, claim)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if busy {
+			log.FromContext(ctx).V(1).Info("Keeping CAPM3's finalizer on a deleted waiting claim while the IPAM allocates in its pool", r.ClaimGVK.Kind, klog.KObj(claim))
+			return ctrl.Result{RequeueAfter: min(poolRecheck, left)}, nil
+		}
 	}
 	log.FromContext(ctx).Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
 	_, err := allocation.Finish(ctx, r.Client, claim)
@@ -222,6 +234,35 @@ func (r *Release) releaseStrays(ctx context.Context, claim *metav1.PartialObject
 		return time.Second, nil
 	}
 	return min(strayWait, strayWait-time.Since(claim.DeletionTimestamp.Time)), nil
+}
+
+func (r *Release) readHolds(ctx context.Context, claim *metav1.PartialObjectMetadata) (holds, error) {
+	waits, err := r.dataClaimWaits(ctx, claim)
+	if err != nil {
+		return holds{}, err
+	}
+	busy, err := r.poolBusy(ctx, claim)
+	return holds{dataClaimWaits: waits, poolBusy: busy}, err
+}
+
+// poolBusy tells, from the cache of whole IPClaims, whether another IPClaim of the claim's Metal3
+// IPPool waits for the IPAM's answer. Claims being deleted do not count: nothing is allocated for
+// them, and none other comes to a namespace being deleted.
+func (r *Release) poolBusy(ctx context.Context, claim *metav1.PartialObjectMetadata) (bool, error) {
+	if r.ClaimGVK.Kind != allocation.KindIPClaim {
+		return false, nil
+	}
+	whole := &ipamv1.IPClaim{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(claim), whole); err != nil {
+		return false, client.IgnoreNotFound(fmt.Errorf("reading IPClaim %s/%s: %w", claim.Namespace, claim.Name, err))
+	}
+	others := &ipamv1.IPClaimList{}
+	if err := r.Client.List(ctx, others, client.InNamespace(claim.Namespace)); err != nil {
+		return false, fmt.Errorf("listing the IPClaims of namespace %s: %w", claim.Namespace, err)
+	}
+	return slices.ContainsFunc(others.Items, func(c ipamv1.IPClaim) bool {
+		return c.UID != whole.UID && c.Spec.Pool.Name == whole.Spec.Pool.Name && c.DeletionTimestamp.IsZero() && !allocation.Answered(&c)
+	}), nil
 }
 
 // dataClaimWaits tells, from a live read, whether the Metal3DataClaim a waiting claim was planned

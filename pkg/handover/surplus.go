@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"time"
 
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -27,7 +29,8 @@ const surplusAge = 10 * time.Second
 
 // Surplus releases, on the leader, the second IPAddress the Metal3 IPAM allocated for one IPClaim
 // the webhook created: its two IPPool controllers, each from its own list of claims, can both
-// allocate for a claim, whose status names the last; the IPAM frees only one, by claim name.
+// allocate for a claim, whose status names the last; the IPAM frees only one, by claim name. Once
+// the claim's Metal3Data is rendered, both are kept.
 type Surplus struct {
 	// Client reads the metadata of IPAddresses from the cache, where they are indexed by claim.
 	Client client.Client
@@ -107,6 +110,14 @@ func (s *Surplus) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return ctrl.Result{RequeueAfter: surplusAge}, nil
 	}
 	logger := log.FromContext(ctx).WithValues("IPClaim", klog.KObj(claim))
+	if rendered, err := s.rendered(ctx, claim); err != nil || rendered {
+		if rendered {
+			// CAPM3 rendered the address the status named when it looked, which may be either:
+			// freeing one could hand out an address a machine uses, as stock never does.
+			logger.Info("Keeping both IPAddresses the IPAM allocated for a claim: its Metal3Data is rendered")
+		}
+		return ctrl.Result{}, err
+	}
 	for i := range addresses {
 		if addresses[i].Name == claim.Status.Address.Name {
 			continue
@@ -118,6 +129,23 @@ func (s *Surplus) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 	}
 	return ctrl.Result{}, nil
+}
+
+// rendered tells, from a live read, whether the Metal3Data that owns the claim is Ready.
+func (s *Surplus) rendered(ctx context.Context, claim *ipamv1.IPClaim) (bool, error) {
+	owner := allocation.Metal3DataOwner(claim)
+	if owner == nil {
+		return false, nil
+	}
+	data := &infrav1.Metal3Data{}
+	err := s.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading Metal3Data %s/%s, owner of IPClaim %s: %w", claim.Namespace, owner.Name, claim.Name, err)
+	}
+	return data.UID == owner.UID && ptr.Deref(data.Status.Ready, false), nil
 }
 
 func maxTime(a, b time.Time) time.Time {

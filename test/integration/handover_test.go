@@ -21,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -105,6 +106,23 @@ func (finalizers) Type() types.PatchType { return types.MergePatchType }
 
 func (f finalizers) Data(client.Object) ([]byte, error) {
 	return json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": []string(f)}})
+}
+
+// answer writes the status the Metal3 IPAM answers an IPClaim with, as the IPAM does.
+func answer(t *testing.T, m *fixtures.Machine, pool string) {
+	t.Helper()
+	ctx := context.Background()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		claim := &ipamv1.IPClaim{}
+		if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: m.Data.Namespace, Name: m.Data.Name + "-" + pool}, claim); err != nil {
+			return err
+		}
+		claim.Status.Address = &corev1.ObjectReference{Name: pool + "-192-168-0-99", Namespace: claim.Namespace}
+		return cp.Client.Status().Update(ctx, claim)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // claimOf reads a claim of the ThreePoolTemplate by pool.
@@ -219,8 +237,9 @@ func TestHandOverUnderConcurrentCreations(t *testing.T) {
 
 // TestReleaseWhenNeverStored: a later validating webhook rejects a Metal3Data our webhook has
 // preallocated for; its claims are kept past the grace period while its Metal3DataClaim waits for
-// data (CAPM3's template controller would retry, and the retry reclaims them), released within a
-// grace period once that is deleted, and the claims of an accepted neighbour are not touched.
+// data (CAPM3's template controller would retry, and the retry reclaims them) and, once that is
+// deleted, while another claim of their Metal3 pool waits for the IPAM; released within a grace
+// period once neither holds, and the claims of an accepted neighbour are not touched.
 func TestReleaseWhenNeverStored(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, "release")
@@ -266,6 +285,21 @@ func TestReleaseWhenNeverStored(t *testing.T) {
 	if err := cp.Client.Delete(ctx, rejected.DataClaim); err != nil {
 		t.Fatal(err)
 	}
+	// The neighbour's IPClaims wait for the IPAM's answer in the same pools: the IPClaims of the
+	// rejected one are kept until it comes, their IPAddressClaim is not.
+	harness.Eventually(t, gracePeriod+10*time.Second, func() error {
+		if claim, err := claimOf(ctx, rejected, fixtures.ExternalPool); err != nil || claim.GetDeletionTimestamp().IsZero() {
+			return fmt.Errorf("%s not released: %v", fixtures.ExternalPool, err)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second)
+	for _, pool := range []string{fixtures.ProvisioningPool, fixtures.BaremetalPool} {
+		if claim, err := claimOf(ctx, rejected, pool); err != nil || !claim.GetDeletionTimestamp().IsZero() {
+			t.Fatalf("%s released while another claim of its pool waits for the IPAM: %v", pool, err)
+		}
+		answer(t, accepted, pool)
+	}
 	start := time.Now()
 	// Released, and CAPM3's finalizer gone at once: the IPAM's is there, which the IPAM removes
 	// once it has freed the address; the test does that for it.
@@ -281,7 +315,7 @@ func TestReleaseWhenNeverStored(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("released %v after its Metal3DataClaim was deleted", time.Since(start).Round(100*time.Millisecond))
+	t.Logf("released %v after the neighbour's claims were answered", time.Since(start).Round(100*time.Millisecond))
 	for _, pool := range pools {
 		claim, err := claimOf(ctx, rejected, pool)
 		if err != nil {
@@ -479,6 +513,21 @@ func TestStrayAddressOfDeletedWaitingClaimIsReleased(t *testing.T) {
 	})
 }
 
+// readyData stores a Metal3Data whose status says CAPM3 rendered it.
+func readyData(t *testing.T, ns string) *infrav1.Metal3Data {
+	t.Helper()
+	ctx := context.Background()
+	data := machines(t, ns, 1)[0].Data
+	if err := cp.Client.Create(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	data.Status.Ready = ptr.To(true)
+	if err := cp.Client.Status().Update(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
 // TestPatchRejectionsAreTold: the API server answers a failed JSON patch test with a 422 that
 // IsTestFailure recognises, and a patch producing an invalid object with one it does not.
 func TestPatchRejectionsAreTold(t *testing.T) {
@@ -503,19 +552,22 @@ func TestPatchRejectionsAreTold(t *testing.T) {
 // TestSurplusAddressReleased plays the Metal3 IPAM's double allocation: its two IPPool controllers
 // both allocate for one claim, and the claim's status names the last. For a claim the webhook
 // created, the IPAddress the status does not name is released once both are older than the
-// IPAM's writes can be; the one it names, and both of a claim CAPM3 created, are left alone.
+// IPAM's writes can be; the one it names, both of a claim CAPM3 created, and both of a claim whose
+// Metal3Data is rendered (CAPM3 rendered whichever the status named then) are left alone.
 func TestSurplusAddressReleased(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t, "surplus-address")
-	ours := claimWithAddresses(t, ns, "ours-provisioning", allocation.FieldManager, "192.168.0.10", "192.168.0.11")
-	capm3s := claimWithAddresses(t, ns, "capm3s-provisioning", "manager", "192.168.0.20", "192.168.0.21")
+	ours := claimWithAddresses(t, ns, "ours-provisioning", allocation.FieldManager, nil, "192.168.0.10", "192.168.0.11")
+	capm3s := claimWithAddresses(t, ns, "capm3s-provisioning", "manager", nil, "192.168.0.20", "192.168.0.21")
+	renderedData := readyData(t, ns)
+	rendered := claimWithAddresses(t, ns, "rendered-provisioning", allocation.FieldManager, renderedData, "192.168.0.30", "192.168.0.31")
 	harness.Eventually(t, 30*time.Second, func() error {
 		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(ours[1]), &ipamv1.IPAddress{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("the surplus IPAddress %s is still there (%v)", ours[1].Name, err)
 		}
 		return nil
 	})
-	for _, kept := range []*ipamv1.IPAddress{ours[0], capm3s[0], capm3s[1]} {
+	for _, kept := range []*ipamv1.IPAddress{ours[0], capm3s[0], capm3s[1], rendered[0], rendered[1]} {
 		got := &ipamv1.IPAddress{}
 		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(kept), got); err != nil || got.DeletionTimestamp != nil {
 			t.Errorf("IPAddress %s was released (%v)", kept.Name, err)
@@ -523,14 +575,19 @@ func TestSurplusAddressReleased(t *testing.T) {
 	}
 }
 
-// claimWithAddresses creates an IPClaim as manager, two IPAddresses made for it, and its status
-// naming the first.
-func claimWithAddresses(t *testing.T, ns, name, manager string, ips ...ipamv1.IPAddressStr) []*ipamv1.IPAddress {
+// claimWithAddresses creates an IPClaim as manager, owned by owner if not nil, two IPAddresses made
+// for it, and its status naming the first.
+func claimWithAddresses(t *testing.T, ns, name, manager string, owner *infrav1.Metal3Data, ips ...ipamv1.IPAddressStr) []*ipamv1.IPAddress {
 	t.Helper()
 	ctx := context.Background()
 	claim := &ipamv1.IPClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Finalizers: []string{infrav1.DataFinalizer}},
 		Spec:       ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: fixtures.ProvisioningPool, Namespace: ns}},
+	}
+	if owner != nil {
+		claim.OwnerReferences = []metav1.OwnerReference{{
+			APIVersion: infrav1.GroupVersion.String(), Kind: "Metal3Data", Name: owner.Name, UID: owner.UID, Controller: ptr.To(true),
+		}}
 	}
 	if err := cp.Client.Create(ctx, claim, client.FieldOwner(manager)); err != nil {
 		t.Fatal(err)
