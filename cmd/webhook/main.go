@@ -111,7 +111,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
 	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
-		"How long past the grace period a claim is kept while the IPAM has not answered it, or while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it).")
+		"How long past the grace period a claim is kept while the IPAM has not answered it, while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it), or while another claim of its pool waits for the IPAM; and how long after its deletion a waiting claim someone deleted keeps CAPM3's finalizer while its pool is busy.")
 	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", 30*time.Second,
 		"When the IPAM is behind (a claim this replica created has waited between 250ms and 3s for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; a take-over waits for the answers as long; 0 hands over at once.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
