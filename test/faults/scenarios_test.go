@@ -45,7 +45,7 @@ func TestFaults(t *testing.T) {
 		{"concurrent", "Metal3Data created all at once, admitted by both replicas; one in twenty has a claim in the InClusterIPPool.", false, true, runConcurrent},
 		{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are.", true, false, runGate},
 		{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, true, runRecreate},
-		{"namespaces", "Namespaces are deleted while claims preallocated for rejected Metal3Data wait; in another namespace, waiting claims are deleted by hand and half their Metal3Data are accepted afterwards. In the baseline, the claims CAPM3 creates are deleted by hand as soon as they exist.", true, true, runNamespaces},
+		{"namespaces", "Namespaces are deleted while claims preallocated for rejected Metal3Data wait; in another namespace, waiting claims are deleted by hand and half their Metal3Data are accepted afterwards. In the baseline, the claims CAPM3 creates are deleted by hand as long after their Metal3Data (a random moment up to 0.6 grace periods, at the earliest once they exist).", true, true, runNamespaces},
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			if s.parallel {
@@ -531,7 +531,8 @@ func runNamespaces(ctx context.Context, sc *scenario) {
 	}
 
 	// Waiting claims deleted by hand; half their Metal3Data are accepted afterwards. In the
-	// baseline, CAPM3's claims are deleted by hand as soon as it has created them.
+	// baseline, CAPM3's claims are deleted by hand as long after their Metal3Data, at the
+	// earliest once CAPM3 has created them: the same churn, which the IPAM may have answered.
 	w, err := sc.newWorld(ctx, sc.ns("by-hand"), size.handDeleted, inClusterShare)
 	if err != nil {
 		sc.t.Fatal(err)
@@ -564,6 +565,8 @@ func runNamespaces(ctx context.Context, sc *scenario) {
 			}
 			acceptedAfter.Add(1)
 			work.Go(func() {
+				// As long after the Metal3Data as the webhook's claims are deleted after admission.
+				time.Sleep(sc.random(0, gracePeriod*6/10))
 				deleteByHand(m)
 				if sc.chance(0.5) {
 					deleteDataClaim(ctx, sc, m)
