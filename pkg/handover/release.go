@@ -257,7 +257,8 @@ func (r *Release) poolBusy(ctx context.Context, claim *metav1.PartialObjectMetad
 		return false, client.IgnoreNotFound(fmt.Errorf("reading IPClaim %s/%s: %w", claim.Namespace, claim.Name, err))
 	}
 	others := &ipamv1.IPClaimList{}
-	if err := r.Client.List(ctx, others, client.InNamespace(claim.Namespace)); err != nil {
+	// Read only, and polled while a pool is busy: the cache's objects, not copies.
+	if err := r.Client.List(ctx, others, client.InNamespace(claim.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return false, fmt.Errorf("listing the IPClaims of namespace %s: %w", claim.Namespace, err)
 	}
 	return slices.ContainsFunc(others.Items, func(c ipamv1.IPClaim) bool {
