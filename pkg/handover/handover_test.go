@@ -709,7 +709,7 @@ func TestTakeOver(t *testing.T) {
 	})
 }
 
-// isDeleting tells whether the claim tmpl-0-a was released: deleted, kept by CAPM3's finalizer.
+// finalizersOf are the finalizers of the claim tmpl-0-a.
 func finalizersOf(t *testing.T, c client.Reader) []string {
 	t.Helper()
 	got := &ipamv1.IPClaim{}
@@ -719,6 +719,7 @@ func finalizersOf(t *testing.T, c client.Reader) []string {
 	return got.Finalizers
 }
 
+// isDeleting tells whether the claim tmpl-0-a was released: deleted, kept by CAPM3's finalizer.
 func isDeleting(t *testing.T, c client.Reader) bool {
 	t.Helper()
 	got := &ipamv1.IPClaim{}

@@ -148,10 +148,11 @@ type releaseFacts struct {
 
 // holds are what keeps an answered claim that waits for a Metal3Data never stored.
 type holds struct {
-	// dataClaimWaits: the Metal3DataClaim the claim was planned for waits for data.
-	dataClaimWaits bool
 	// poolBusy: another claim of the claim's pool waits for the IPAM's answer.
 	poolBusy bool
+	// dataClaimWaits: the Metal3DataClaim the claim was planned for waits for data; a live read,
+	// made only when the pool is not busy.
+	dataClaimWaits bool
 }
 
 // poolRecheck is how often a claim held for its busy pool is looked at again.
@@ -175,14 +176,14 @@ func decideRelease(f releaseFacts, grace, hold time.Duration) decision {
 		return decision{action: keep, after: grace + hold - f.age, why: "Keeping a claim the IPAM has not answered yet"}
 	case f.holds == nil:
 		return decision{action: readHolds}
-	case f.holds.dataClaimWaits:
-		// Released, it would be created again under its name moments after the IPAM freed it, and
-		// the IPAM, keyed by claim name, can answer with an address it hands out twice.
-		return decision{action: keep, after: grace + hold - f.age, why: "Keeping a claim whose Metal3DataClaim still waits for data"}
 	case f.holds.poolBusy:
 		// An address freed while the IPAM allocates in the pool can be allocated twice to one claim
 		// by its two pool controllers, from lists taken on either side of the free.
 		return decision{action: keep, after: min(poolRecheck, grace+hold-f.age), why: "Keeping a claim while the IPAM allocates in its pool"}
+	case f.holds.dataClaimWaits:
+		// Released, it would be created again under its name moments after the IPAM freed it, and
+		// the IPAM, keyed by claim name, can answer with an address it hands out twice.
+		return decision{action: keep, after: grace + hold - f.age, why: "Keeping a claim whose Metal3DataClaim still waits for data"}
 	}
 	return decision{action: release}
 }

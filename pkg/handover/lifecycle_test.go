@@ -67,7 +67,7 @@ func TestDecideRelease(t *testing.T) {
 		{"within the grace period", releaseFacts{age: 20 * time.Second}, decision{action: keep, after: 100 * time.Second}},
 		{"unanswered, within the hold", releaseFacts{age: 200 * time.Second}, decision{action: keep, after: 520 * time.Second, why: "Keeping a claim the IPAM has not answered yet"}},
 		{"answered, holds not read", releaseFacts{age: 200 * time.Second, ipamFinalized: true}, decision{action: readHolds}},
-		{"answered, Metal3DataClaim waits", releaseFacts{age: 200 * time.Second, ipamFinalized: true, holds: &holds{dataClaimWaits: true, poolBusy: true}},
+		{"answered, Metal3DataClaim waits", releaseFacts{age: 200 * time.Second, ipamFinalized: true, holds: &holds{dataClaimWaits: true}},
 			decision{action: keep, after: 520 * time.Second, why: "Keeping a claim whose Metal3DataClaim still waits for data"}},
 		{"answered, pool busy", releaseFacts{age: 200 * time.Second, ipamFinalized: true, holds: &holds{poolBusy: true}},
 			decision{action: keep, after: time.Second, why: "Keeping a claim while the IPAM allocates in its pool"}},

@@ -236,13 +236,15 @@ func (r *Release) releaseStrays(ctx context.Context, claim *metav1.PartialObject
 	return min(strayWait, strayWait-time.Since(claim.DeletionTimestamp.Time)), nil
 }
 
+// readHolds reads the pool from the cache first: while it is busy the claim is looked at every
+// poolRecheck, and the live read of its Metal3DataClaim waits until it is not.
 func (r *Release) readHolds(ctx context.Context, claim *metav1.PartialObjectMetadata) (holds, error) {
-	waits, err := r.dataClaimWaits(ctx, claim)
-	if err != nil {
-		return holds{}, err
-	}
 	busy, err := r.poolBusy(ctx, claim)
-	return holds{dataClaimWaits: waits, poolBusy: busy}, err
+	if err != nil || busy {
+		return holds{poolBusy: busy}, err
+	}
+	waits, err := r.dataClaimWaits(ctx, claim)
+	return holds{dataClaimWaits: waits}, err
 }
 
 // poolBusy tells, from the cache of whole IPClaims, whether another IPClaim of the claim's Metal3
