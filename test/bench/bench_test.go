@@ -13,8 +13,8 @@ import (
 // TestQuickBench runs make bench's program with small sizes, on the scenarios of quickScenarios,
 // each in six pairs of runs (stock and preallocated back to back, alternating which goes first;
 // with the no-op webhook the three modes rotate), and checks what the project claims against stock CAPM3 in the same run:
-// preallocated is not slower than stock (the paired verdict, see pairedVerdict), nor than the
-// no-op webhook beyond their noise, CAPM3 creates no claim next to the webhook, needs no more
+// preallocated is not slower than stock, nor than the no-op webhook where it ran (the paired
+// verdict, see pairedVerdicts), CAPM3 creates no claim next to the webhook, needs no more
 // reconciles when idle and after a backlog, and after a backlog does its work for each Metal3Data
 // in one reconcile. The leader-loss scenario (two webhook replicas) is left to make bench.
 func TestQuickBench(t *testing.T) {
@@ -42,7 +42,7 @@ func TestQuickBench(t *testing.T) {
 	} else {
 		t.Log("with a 1.3× slowdown injected the speed check still passes")
 	}
-	checkPreallocationOverNoOp(t, report.WebhookCosts)
+	checkJudgedOverNoOp(t, report)
 	for _, q := range report.Comparisons {
 		if (q.Scenario == "idle" || q.Scenario == "backlog") && q.ReconcilesMean > 1 {
 			t.Errorf("%s/%s: %.2f× stock's CAPM3 reconciles per Metal3Data", q.Setting, q.Scenario, q.ReconcilesMean)
@@ -73,30 +73,19 @@ func checkSpeed(verdicts []Paired) []string {
 	return failures
 }
 
-// checkPreallocationOverNoOp: where the no-op webhook ran interleaved, preallocation takes no
-// longer in total than a webhook that only admits, beyond twice the noise of the two; what any
-// webhook costs (the no-op over stock) is logged, not asserted: it is not ours to remove.
-func checkPreallocationOverNoOp(t *testing.T, costs []Comparison) {
+// checkJudgedOverNoOp: the burst that ran the no-op webhook interleaved was judged over it;
+// what any webhook costs (the no-op over stock) is logged, not asserted: it is not ours to remove.
+func checkJudgedOverNoOp(t *testing.T, report *Report) {
 	t.Helper()
-	seen := false
-	for _, q := range costs {
-		t.Logf("%s/%s: %s over %s: total %.2f (per repetition %.2f), noise ±%.0f%%", q.Setting, q.Scenario, q.Of, q.Over,
-			q.Total, q.Ratio(ratioTotal).Values, 100*q.NoiseTotal)
-		if q.Of != modePreallocated {
-			continue
-		}
-		seen = true
-		if len(q.Ratio(ratioTotal).Values) < 2 || q.NoiseTotal == 0 {
-			t.Errorf("%s/%s: %d repetitions, no noise band to compare with", q.Setting, q.Scenario, len(q.Ratio(ratioTotal).Values))
-			continue
-		}
-		if allowed := 1 + 2*q.NoiseTotal; q.Total > allowed {
-			t.Errorf("%s/%s: total %.2f× the no-op webhook's, above 1 + twice the noise (±%.0f%%)", q.Setting, q.Scenario, q.Total, 100*q.NoiseTotal)
+	for _, q := range report.WebhookCosts {
+		t.Logf("%s/%s: %s over %s: total %.2f (per repetition %.2f)", q.Setting, q.Scenario, q.Of, q.Over, q.Total, q.Ratio(ratioTotal).Values)
+	}
+	for _, p := range report.Paired {
+		if p.Over == modeNoOp {
+			return
 		}
 	}
-	if !seen {
-		t.Error("no scenario ran the no-op webhook interleaved with preallocation")
-	}
+	t.Error("the speed check judged no scenario over the no-op webhook")
 }
 
 // checkClaims: CAPM3 created every claim in stock and with the no-op webhook, none next to the

@@ -108,6 +108,13 @@ func TestWebhookCostsFromInterleavedNoOp(t *testing.T) {
 	if preallocation.Of != modePreallocated || preallocation.Over != modeNoOp || math.Abs(preallocation.Total-want) > 1e-9 {
 		t.Errorf("preallocated over no-op: %s/%s total %.3f, want %.3f", preallocation.Of, preallocation.Over, preallocation.Total, want)
 	}
+	// The speed check judges the burst over the no-op webhook that ran beside it, the other over stock.
+	if len(r.Paired) != 2 || r.Paired[0].Over != modeNoOp || r.Paired[1].Over != modeStock {
+		t.Fatalf("verdicts %+v, want the burst over the no-op webhook and burst-spread over stock", r.Paired)
+	}
+	if p := r.Paired[0]; math.Abs(p.Ratios[0]-12.0/11) > 1e-9 || p.Ceiling != ceiling {
+		t.Errorf("burst judged on %v with ceiling %.2f, want the ratios over the no-op webhook and %.2f", p.Ratios, p.Ceiling, ceiling)
+	}
 }
 
 func auditWrite(at time.Time, verb, resource, sub, name, user, agent string) harness.AuditEvent {

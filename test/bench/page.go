@@ -64,10 +64,8 @@ func rewritePage(root string, c config) (*Report, error) {
 	if err := json.Unmarshal(data, report); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", dir, err)
 	}
-	// Results saved before the speed check was paired have none.
-	if report.Paired == nil {
-		report.Paired = pairedVerdicts(report.Comparisons)
-	}
+	// The verdicts follow the check's rules as they are now, not as they were when saved.
+	report.Paired = pairedVerdicts(report.Comparisons, report.WebhookCosts)
 	return report, writePage(filepath.Join(root, c.page), report)
 }
 

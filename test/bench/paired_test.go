@@ -11,23 +11,24 @@ import (
 // pairs, or pairs that disagree, give no pass.
 func TestPairedVerdict(t *testing.T) {
 	for _, tc := range []struct {
-		name, setting string
-		ratios        []float64
-		want          string
+		name, setting, over string
+		ratios              []float64
+		want                string
 	}{
-		{"faster", "default-limits", []float64{0.85, 0.84, 0.82, 0.86, 0.83, 0.85}, verdictNotSlower},
-		{"at the ceiling", "default-limits", []float64{1.04, 1.05, 1.06, 1.05, 1.04, 1.06}, verdictNotSlower},
-		{"above the ceiling", "default-limits", []float64{1.06, 1.07, 1.08, 1.07, 1.06, 1.08}, verdictSlower},
-		{"within the raised ceiling", "raised-limits", []float64{1.06, 1.07, 1.08, 1.07, 1.06, 1.08}, verdictNotSlower},
-		{"above the raised ceiling", "raised-limits", []float64{1.12, 1.15, 1.1, 1.14, 1.11, 1.13}, verdictSlower},
-		{"five pairs", "default-limits", []float64{0.85, 0.84, 0.82, 0.86, 0.83}, verdictInconclusive},
-		{"pairs that disagree", "default-limits", []float64{0.6, 1.4, 0.7, 1.3, 0.8, 1.2}, verdictInconclusive},
+		{"faster", "default-limits", modeStock, []float64{0.85, 0.84, 0.82, 0.86, 0.83, 0.85}, verdictNotSlower},
+		{"at the ceiling", "default-limits", modeStock, []float64{1.04, 1.05, 1.06, 1.05, 1.04, 1.06}, verdictNotSlower},
+		{"above the ceiling", "default-limits", modeStock, []float64{1.06, 1.07, 1.08, 1.07, 1.06, 1.08}, verdictSlower},
+		{"within the raised ceiling", "raised-limits", modeStock, []float64{1.06, 1.07, 1.08, 1.07, 1.06, 1.08}, verdictNotSlower},
+		{"above the raised ceiling", "raised-limits", modeStock, []float64{1.12, 1.15, 1.1, 1.14, 1.11, 1.13}, verdictSlower},
+		{"over the no-op webhook at raised limits", "raised-limits", modeNoOp, []float64{1.06, 1.07, 1.08, 1.07, 1.06, 1.08}, verdictSlower},
+		{"five pairs", "default-limits", modeStock, []float64{0.85, 0.84, 0.82, 0.86, 0.83}, verdictInconclusive},
+		{"pairs that disagree", "default-limits", modeStock, []float64{0.6, 1.4, 0.7, 1.3, 0.8, 1.2}, verdictInconclusive},
 	} {
-		if got := pairedVerdict(tc.setting, "s", tc.ratios); got.Verdict != tc.want {
+		if got := pairedVerdict(tc.setting, "s", tc.over, tc.ratios); got.Verdict != tc.want {
 			t.Errorf("%s: %v", tc.name, got)
 		}
 	}
-	p := pairedVerdict("default-limits", "s", []float64{0.9, 1.1, 0.9, 1.1, 0.9, 1.1})
+	p := pairedVerdict("default-limits", "s", modeStock, []float64{0.9, 1.1, 0.9, 1.1, 0.9, 1.1})
 	if math.Abs(p.GeoMean-math.Sqrt(0.99)) > 1e-9 || p.Low >= p.GeoMean || p.High <= p.GeoMean {
 		t.Errorf("geometric mean %v, interval %v–%v; want %v inside its interval", p.GeoMean, p.Low, p.High, math.Sqrt(0.99))
 	}
@@ -46,7 +47,7 @@ func TestPairedVerdictPower(t *testing.T) {
 			for i := range ratios {
 				ratios[i] = trueRatio * math.Exp(sd*rng.NormFloat64())
 			}
-			out[pairedVerdict("default-limits", "s", ratios).Verdict]++
+			out[pairedVerdict("default-limits", "s", modeStock, ratios).Verdict]++
 		}
 		return out
 	}
@@ -78,7 +79,7 @@ func TestCheckSpeed(t *testing.T) {
 
 // TestSlowedBy: the injected slowdown multiplies every pair's ratio and judges again.
 func TestSlowedBy(t *testing.T) {
-	verdicts := []Paired{pairedVerdict("default-limits", "burst", []float64{0.9, 0.92, 0.88, 0.9, 0.91, 0.89})}
+	verdicts := []Paired{pairedVerdict("default-limits", "burst", modeStock, []float64{0.9, 0.92, 0.88, 0.9, 0.91, 0.89})}
 	if verdicts[0].Verdict != verdictNotSlower {
 		t.Fatalf("unchanged: %v", verdicts[0])
 	}

@@ -282,7 +282,7 @@ type Report struct {
 	// over stock (what any webhook served as ours costs) and preallocated over the no-op (what
 	// preallocation adds to it).
 	WebhookCosts []Comparison `json:",omitempty"`
-	// Paired is the speed check's verdict on each comparison of preallocated over stock.
+	// Paired is the speed check's verdict on each scenario (see pairedVerdicts).
 	Paired  []Paired
 	Webhook *Footprint
 }
@@ -336,7 +336,7 @@ func (r *Report) finish() {
 		preallocation.Of, preallocation.Over = modePreallocated, modeNoOp
 		r.WebhookCosts = append(r.WebhookCosts, webhook, preallocation)
 	}
-	r.Paired = pairedVerdicts(r.Comparisons)
+	r.Paired = pairedVerdicts(r.Comparisons, r.WebhookCosts)
 }
 
 func printRun(out io.Writer, r *Run) {
