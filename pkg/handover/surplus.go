@@ -72,33 +72,16 @@ func (s *Surplus) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 	if uid == "" || !address.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
 	}
-	list := &metav1.PartialObjectMetadataList{}
-	list.SetGroupVersionKind(allocation.Metal3AddressListGVK)
-	if err := s.Client.List(ctx, list, client.InNamespace(req.Namespace), client.MatchingFields{claimUIDIndex: string(uid)}); err != nil {
-		return ctrl.Result{}, fmt.Errorf("listing the IPAddresses of namespace %s made for IPClaim UID %s: %w", req.Namespace, uid, err)
-	}
-	var addresses []metav1.PartialObjectMetadata
-	var youngest time.Time
-	for _, a := range list.Items {
-		if a.DeletionTimestamp.IsZero() {
-			addresses = append(addresses, a)
-			youngest = maxTime(youngest, a.CreationTimestamp.Time)
-		}
-	}
-	if len(addresses) < 2 {
-		return ctrl.Result{}, nil
+	addresses, youngest, err := s.claimAddresses(ctx, req.Namespace, uid)
+	if err != nil || len(addresses) < 2 {
+		return ctrl.Result{}, err
 	}
 	if wait := surplusAge - time.Since(youngest); wait > 0 {
 		return ctrl.Result{RequeueAfter: min(wait, surplusAge)}, nil
 	}
-	claimName := ""
-	for _, ref := range address.OwnerReferences {
-		if ref.UID == uid {
-			claimName = ref.Name
-		}
-	}
+	claimName := ownerName(address, uid)
 	claim := &ipamv1.IPClaim{}
-	err := s.APIReader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: claimName}, claim)
+	err = s.APIReader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: claimName}, claim)
 	if apierrors.IsNotFound(err) || err == nil && (claim.UID != uid || !allocation.CreatedHere(claim)) {
 		return ctrl.Result{}, nil
 	}
@@ -129,6 +112,35 @@ func (s *Surplus) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		}
 	}
 	return ctrl.Result{}, nil
+}
+
+// claimAddresses lists, from the cache, the IPAddresses made for the claim UID that are not
+// being deleted, and when the youngest of them was created.
+func (s *Surplus) claimAddresses(ctx context.Context, namespace string, uid types.UID) ([]metav1.PartialObjectMetadata, time.Time, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(allocation.Metal3AddressListGVK)
+	if err := s.Client.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{claimUIDIndex: string(uid)}); err != nil {
+		return nil, time.Time{}, fmt.Errorf("listing the IPAddresses of namespace %s made for IPClaim UID %s: %w", namespace, uid, err)
+	}
+	var addresses []metav1.PartialObjectMetadata
+	var youngest time.Time
+	for _, a := range list.Items {
+		if a.DeletionTimestamp.IsZero() {
+			addresses = append(addresses, a)
+			youngest = maxTime(youngest, a.CreationTimestamp.Time)
+		}
+	}
+	return addresses, youngest, nil
+}
+
+// ownerName is the name of the owner the reference with this UID names.
+func ownerName(o metav1.Object, uid types.UID) string {
+	for _, ref := range o.GetOwnerReferences() {
+		if ref.UID == uid {
+			return ref.Name
+		}
+	}
+	return ""
 }
 
 // rendered tells, from a live read, whether the Metal3Data that owns the claim is Ready.
