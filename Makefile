@@ -92,6 +92,10 @@ demo: tools ## Run the webhook with CAPM3 and the Metal3 IPAM on an embedded con
 bench: tools ## Measure preallocated against stock CAPM3; writes bench/results/ (see docs/benchmarks.md).
 	cd test && go run ./bench $(BENCH_ARGS)
 
+.PHONY: footprint
+footprint: tools ## Measure the webhook's memory with a standing fleet of 1,000 and 5,000 machines cached; writes docs/footprint.md.
+	cd test && go run ./footprint $(FOOTPRINT_ARGS)
+
 .PHONY: faults
 faults: tools ## Run the fault suite at full size, five trials of each scenario and its baseline (about two hours on 2 cores); writes docs/reliability.md.
 	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md go test -count=1 -v -timeout 180m ./faults

@@ -1,0 +1,309 @@
+// Command footprint measures the webhook's memory against the size of the fleet it caches: it
+// writes a standing fleet of Ready machines (Metal3Data, claims, IPAddresses, BareMetalHosts and
+// the CAPI and CAPM3 objects around them) directly, as a restore from backup would, over 10
+// namespaces with three pools each, starts the webhook on it, and reads its resident memory once
+// its caches have synced; then grows the fleet and starts it again. It writes docs/footprint.md
+// and fails when the largest fleet takes more than the budget.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/test/harness"
+)
+
+const (
+	namespaces = 10
+	// budgetMiB is the most the webhook may hold resident with the largest fleet cached.
+	budgetMiB = 200
+	// settle is how long the webhook runs on a synced cache before its memory is read: the
+	// garbage of the initial lists is collected, as in a webhook that has run for a while.
+	settle = 30 * time.Second
+)
+
+type measurement struct {
+	machines  int
+	rssMiB    float64
+	heapMiB   float64
+	cached    map[string]float64
+	syncedIn  time.Duration
+	writtenIn time.Duration
+}
+
+func main() {
+	sizes := flag.String("sizes", "0,1000,5000", "Fleet sizes, ascending, at which the webhook's memory is read.")
+	page := flag.String("page", "docs/footprint.md", "Page written from the measurements, relative to the repository; empty for none.")
+	flag.Parse()
+	log.SetLogger(klog.NewKlogr())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *sizes, *page); err != nil {
+		fmt.Fprintln(os.Stderr, "footprint:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, sizeList, page string) error {
+	var sizes []int
+	for _, s := range strings.Split(sizeList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 0 || len(sizes) > 0 && n < sizes[len(sizes)-1] {
+			return fmt.Errorf("--sizes %q: want ascending fleet sizes", sizeList)
+		}
+		sizes = append(sizes, n)
+	}
+	started := time.Now()
+	cp, err := harness.Start(ctx, harness.Options{Webhook: true})
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+	templates, err := prepare(ctx, cp)
+	if err != nil {
+		return err
+	}
+	var results []measurement
+	written := 0
+	for _, n := range sizes {
+		begin := time.Now()
+		if err := writeFleet(ctx, cp.Client, templates, written, n); err != nil {
+			return err
+		}
+		m, err := measure(ctx, cp, n)
+		if err != nil {
+			return err
+		}
+		m.writtenIn = time.Since(begin) - m.syncedIn - settle
+		written = n
+		fmt.Printf("%d machines: RSS %.0f MiB, heap in use %.0f MiB, cache synced in %s, cached %v\n", n, m.rssMiB, m.heapMiB, m.syncedIn.Round(time.Millisecond), m.cached)
+		results = append(results, m)
+	}
+	text := report(results, started)
+	fmt.Print(text)
+	if page != "" {
+		root, err := harness.RepoRoot()
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(root, page), []byte(text), 0o644); err != nil {
+			return err
+		}
+	}
+	if last := results[len(results)-1]; last.rssMiB > budgetMiB {
+		return fmt.Errorf("%d machines: the webhook holds %.0f MiB resident, above the budget of %d MiB", last.machines, last.rssMiB, budgetMiB)
+	}
+	return nil
+}
+
+// prepare stores each namespace's Cluster, template and pools while the webhook runs (it
+// validates templates), then takes the webhook out of the Metal3Data path and stops it, so that
+// the fleet is written as a restore would write it and each measurement starts a fresh process.
+func prepare(ctx context.Context, cp *harness.ControlPlane) ([]*infrav1.Metal3DataTemplate, error) {
+	var templates []*infrav1.Metal3DataTemplate
+	for i := range namespaces {
+		ns := fmt.Sprintf("fleet-%d", i)
+		if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return nil, err
+		}
+		tmpl := fixtures.ThreePoolTemplate("workers")
+		tmpl.Namespace = ns
+		m := fixtures.NewMachine(tmpl, 0).InNamespace(ns)
+		if err := harness.CreateShared(ctx, cp.Client, m); err != nil {
+			return nil, fmt.Errorf("storing the cluster and template of %s: %w", ns, err)
+		}
+		pools := []client.Object{
+			fixtures.Metal3Pool(fixtures.ProvisioningPool, "10."+strconv.Itoa(i)),
+			fixtures.Metal3Pool(fixtures.BaremetalPool, "10."+strconv.Itoa(100+i)),
+			fixtures.InClusterPool(fixtures.ExternalPool, "10."+strconv.Itoa(200+i)),
+		}
+		for _, p := range pools {
+			p.SetNamespace(ns)
+			if err := cp.Client.Create(ctx, p); err != nil {
+				return nil, fmt.Errorf("storing pool %s/%s: %w", ns, p.GetName(), err)
+			}
+		}
+		templates = append(templates, m.Template)
+	}
+	if err := cp.UnregisterMutatingWebhooks(ctx); err != nil {
+		return nil, err
+	}
+	cp.StopWebhook()
+	return templates, nil
+}
+
+// writeFleet stores the machines with index from to to-1, spread over the namespaces.
+func writeFleet(ctx context.Context, c client.Client, templates []*infrav1.Metal3DataTemplate, from, to int) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for i := from; i < to; i++ {
+		tmpl := templates[i%len(templates)]
+		g.Go(func() error {
+			return writeMachine(ctx, c, fixtures.NewMachine(tmpl.DeepCopy(), i/len(templates)).InNamespace(tmpl.Namespace), i/len(templates))
+		})
+	}
+	return g.Wait()
+}
+
+// writeMachine stores one Ready machine: what CAPI and CAPM3 create, the Metal3Data with its
+// status, its two IPClaims answered by IPAddresses and its IPAddressClaim answered.
+func writeMachine(ctx context.Context, c client.Client, m *fixtures.Machine, index int) error {
+	if err := harness.CreateMachineObjects(ctx, c, m); err != nil {
+		return fmt.Errorf("storing machine %s/%d: %w", m.Template.Namespace, index, err)
+	}
+	if err := harness.CreateDataClaim(ctx, c, m); err != nil {
+		return fmt.Errorf("storing Metal3DataClaim %s/%s: %w", m.DataClaim.Namespace, m.DataClaim.Name, err)
+	}
+	data := m.Data
+	if err := c.Create(ctx, data); err != nil {
+		return fmt.Errorf("storing Metal3Data %s/%s: %w", data.Namespace, data.Name, err)
+	}
+	data.Status.Ready = ptr.To(true)
+	if err := c.Status().Update(ctx, data); err != nil {
+		return fmt.Errorf("writing the status of Metal3Data %s/%s: %w", data.Namespace, data.Name, err)
+	}
+	owner := allocation.OwnerReference(data)
+	for k, pool := range []string{fixtures.ProvisioningPool, fixtures.BaremetalPool} {
+		if err := writeIPClaim(ctx, c, data, owner, pool, fmt.Sprintf("10.%d.%d.%d", k, index/200, 10+index%200)); err != nil {
+			return err
+		}
+	}
+	claim := &capipamv1.IPAddressClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: allocation.ClaimName(data.Name, fixtures.ExternalPool), Namespace: data.Namespace,
+			Labels: data.Labels, OwnerReferences: []metav1.OwnerReference{owner},
+		},
+		Spec: capipamv1.IPAddressClaimSpec{PoolRef: capipamv1.IPPoolReference{
+			APIGroup: fixtures.CAPIPoolGroup, Kind: fixtures.CAPIPoolKind, Name: fixtures.ExternalPool,
+		}},
+	}
+	if err := c.Create(ctx, claim); err != nil {
+		return fmt.Errorf("storing IPAddressClaim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	claim.Status.AddressRef = capipamv1.IPAddressReference{Name: claim.Name}
+	return c.Status().Update(ctx, claim)
+}
+
+func writeIPClaim(ctx context.Context, c client.Client, data *infrav1.Metal3Data, owner metav1.OwnerReference, pool, ip string) error {
+	claim := &ipamv1.IPClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: allocation.ClaimName(data.Name, pool), Namespace: data.Namespace,
+			Labels: data.Labels, OwnerReferences: []metav1.OwnerReference{owner},
+		},
+		Spec: ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: pool, Namespace: data.Namespace}},
+	}
+	if err := c.Create(ctx, claim); err != nil {
+		return fmt.Errorf("storing IPClaim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	address := &ipamv1.IPAddress{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pool + "-" + strings.ReplaceAll(ip, ".", "-"), Namespace: data.Namespace, Labels: data.Labels,
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: ipamv1.GroupVersion.String(), Kind: "IPClaim", Name: claim.Name, UID: claim.UID, Controller: ptr.To(true),
+			}},
+		},
+		Spec: ipamv1.IPAddressSpec{
+			Claim:   corev1.ObjectReference{Name: claim.Name, Namespace: data.Namespace},
+			Pool:    corev1.ObjectReference{Name: pool, Namespace: data.Namespace},
+			Address: ipamv1.IPAddressStr(ip), Prefix: 16,
+		},
+	}
+	if err := c.Create(ctx, address); err != nil {
+		return fmt.Errorf("storing IPAddress %s/%s: %w", address.Namespace, address.Name, err)
+	}
+	claim.Status.Address = &corev1.ObjectReference{Name: address.Name, Namespace: data.Namespace}
+	if err := c.Status().Update(ctx, claim); err != nil {
+		return fmt.Errorf("writing the status of IPClaim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	return nil
+}
+
+// measure starts the webhook on the fleet, waits for its caches, lets it settle and reads its
+// resident memory, its Go heap and its cache sizes, then stops it.
+func measure(ctx context.Context, cp *harness.ControlPlane, machines int) (measurement, error) {
+	m := measurement{machines: machines, cached: map[string]float64{}}
+	start := time.Now()
+	if err := cp.StartWebhook(ctx); err != nil {
+		return m, err
+	}
+	defer cp.StopWebhook()
+	m.syncedIn = time.Since(start)
+	select {
+	case <-time.After(settle):
+	case <-ctx.Done():
+		return m, ctx.Err()
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cp.WebhookPid()))
+	if err != nil {
+		return m, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			m.rssMiB = float64(kb) / 1024
+		}
+	}
+	metrics, err := cp.Metrics()
+	if err != nil {
+		return m, err
+	}
+	for _, line := range strings.Split(metrics, "\n") {
+		if v, ok := strings.CutPrefix(line, "go_memstats_heap_inuse_bytes "); ok {
+			b, _ := strconv.ParseFloat(v, 64)
+			m.heapMiB = b / (1 << 20)
+		}
+		if series, ok := strings.CutPrefix(line, "ip_preallocator_cached_objects{"); ok {
+			labels, value, _ := strings.Cut(series, "} ")
+			v, _ := strconv.ParseFloat(value, 64)
+			m.cached[labels] = v
+		}
+	}
+	return m, nil
+}
+
+// report is the page: the figures per fleet size and the growth per 1,000 machines between the
+// two largest.
+func report(results []measurement, started time.Time) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Memory: the webhook against the size of the fleet\n\nWritten by `make footprint` on %s UTC, from the figures that run measured; nothing here is typed by hand.\n\n",
+		started.UTC().Format("2006-01-02 15:04"))
+	fmt.Fprintf(&b, "A standing fleet of Ready machines, written directly as a restore from backup would, over %d namespaces with two Metal3 IPPools and one InClusterIPPool each: per machine a Machine, a BareMetalHost, a Metal3Machine, a Metal3DataClaim, a Metal3Data, two IPClaims with their IPAddresses and an IPAddressClaim. The webhook starts on it with its default flags, and its memory is read %s after its caches synced.\n\n", namespaces, settle)
+	fmt.Fprintln(&b, "| machines | resident (MiB) | Go heap in use (MiB) | caches synced in | objects cached |")
+	fmt.Fprintln(&b, "|---:|---:|---:|---:|---:|")
+	for _, m := range results {
+		total := 0.0
+		for _, v := range m.cached {
+			total += v
+		}
+		fmt.Fprintf(&b, "| %d | %.0f | %.0f | %s | %.0f |\n", m.machines, m.rssMiB, m.heapMiB, m.syncedIn.Round(100*time.Millisecond), total)
+	}
+	if n := len(results); n >= 2 && results[n-1].machines > results[n-2].machines {
+		hi, lo := results[n-1], results[n-2]
+		per := 1000 * (hi.rssMiB - lo.rssMiB) / float64(hi.machines-lo.machines)
+		heap := 1000 * (hi.heapMiB - lo.heapMiB) / float64(hi.machines-lo.machines)
+		fmt.Fprintf(&b, "\nEach 1,000 machines add %.0f MiB resident (%.0f MiB of Go heap), from %d to %d machines. Budget: %d MiB resident with %d machines cached.\n",
+			per, heap, lo.machines, hi.machines, budgetMiB, hi.machines)
+	}
+	return b.String()
+}
