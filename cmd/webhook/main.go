@@ -361,13 +361,15 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, admissio
 // selects the Metal3Data and their claims, which carry their labels (CAPM3 copies them too); the
 // objects they refer to are read whatever their labels.
 func cacheOptions(o options) cache.Options {
-	opts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
+	opts := cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject:         map[client.Object]cache.ByObject{&infrav1.Metal3Machine{}: {Transform: metal3MachineAsRead}},
+	}
 	if o.namespace != "" {
 		opts.DefaultNamespaces = map[string]cache.Config{o.namespace: {}}
 	}
 	if o.watchFilter != "" {
 		selector := labels.SelectorFromSet(labels.Set{clusterv1.WatchLabel: o.watchFilter})
-		opts.ByObject = map[client.Object]cache.ByObject{}
 		// By kind: the informers of whole claims share it with the metadata ones.
 		for _, obj := range []client.Object{
 			allocation.Metadata(allocation.Metal3DataGVK), allocation.Metadata(allocation.IPClaimGVK), allocation.Metadata(allocation.IPAddressClaimGVK),
@@ -376,6 +378,21 @@ func cacheOptions(o options) cache.Options {
 		}
 	}
 	return opts
+}
+
+// metal3MachineAsRead keeps of a Metal3Machine what admission reads, its metadata and the template
+// it names: its status and the rest of its spec grow with the fleet and are never read.
+func metal3MachineAsRead(in any) (any, error) {
+	m3m, ok := in.(*infrav1.Metal3Machine)
+	if !ok {
+		return in, nil
+	}
+	m3m.ManagedFields = nil
+	return &infrav1.Metal3Machine{
+		TypeMeta:   m3m.TypeMeta,
+		ObjectMeta: m3m.ObjectMeta,
+		Spec:       infrav1.Metal3MachineSpec{DataTemplate: m3m.Spec.DataTemplate},
+	}, nil
 }
 
 // cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.

@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -172,6 +173,9 @@ func writeMachine(ctx context.Context, c client.Client, m *fixtures.Machine, ind
 	if err := harness.CreateMachineObjects(ctx, c, m); err != nil {
 		return fmt.Errorf("storing machine %s/%d: %w", m.Template.Namespace, index, err)
 	}
+	if err := c.Status().Update(ctx, provisioned(m.Metal3Machine, index)); err != nil {
+		return fmt.Errorf("writing the status of Metal3Machine %s/%s: %w", m.Metal3Machine.Namespace, m.Metal3Machine.Name, err)
+	}
 	if err := harness.CreateDataClaim(ctx, c, m); err != nil {
 		return fmt.Errorf("storing Metal3DataClaim %s/%s: %w", m.DataClaim.Namespace, m.DataClaim.Name, err)
 	}
@@ -203,6 +207,32 @@ func writeMachine(ctx context.Context, c client.Client, m *fixtures.Machine, ind
 	}
 	claim.Status.AddressRef = capipamv1.IPAddressReference{Name: claim.Name}
 	return c.Status().Update(ctx, claim)
+}
+
+// provisioned gives a Metal3Machine the status CAPM3 writes for a provisioned host: its addresses,
+// the Secrets rendered for it and its conditions.
+func provisioned(m3m *infrav1.Metal3Machine, index int) *infrav1.Metal3Machine {
+	now := metav1.Now()
+	m3m.Status = infrav1.Metal3MachineStatus{
+		LastUpdated: &now,
+		Addresses: []clusterv1.MachineAddress{
+			{Type: clusterv1.MachineInternalIP, Address: fmt.Sprintf("10.0.%d.%d", index/200, 10+index%200)},
+			{Type: clusterv1.MachineInternalIP, Address: fmt.Sprintf("10.1.%d.%d", index/200, 10+index%200)},
+			{Type: clusterv1.MachineHostName, Address: "host-" + strconv.Itoa(index)},
+			{Type: clusterv1.MachineInternalDNS, Address: "host-" + strconv.Itoa(index) + ".cluster.example.com"},
+		},
+		RenderedData:   &infrav1.Metal3ObjectRef{Name: m3m.Spec.DataTemplate.Name + "-" + strconv.Itoa(index)},
+		MetaData:       &corev1.SecretReference{Name: m3m.Name + "-metadata", Namespace: m3m.Namespace},
+		NetworkData:    &corev1.SecretReference{Name: m3m.Name + "-networkdata", Namespace: m3m.Namespace},
+		UserData:       &corev1.SecretReference{Name: "bootstrap-" + strconv.Itoa(index), Namespace: m3m.Namespace},
+		Initialization: infrav1.Metal3MachineInitializationStatus{Provisioned: ptr.To(true)},
+	}
+	for _, condition := range []string{"Ready", "AssociateBareMetalHost", "AssociateMetal3MachineMetaData", "Metal3DataReady"} {
+		m3m.Status.Conditions = append(m3m.Status.Conditions, metav1.Condition{
+			Type: condition, Status: metav1.ConditionTrue, Reason: "Ready", LastTransitionTime: now, ObservedGeneration: 1,
+		})
+	}
+	return m3m
 }
 
 func writeIPClaim(ctx context.Context, c client.Client, data *infrav1.Metal3Data, owner metav1.OwnerReference, pool, ip string) error {
@@ -288,7 +318,7 @@ func report(results []measurement, started time.Time) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Memory: the webhook against the size of the fleet\n\nWritten by `make footprint` on %s UTC, from the figures that run measured; nothing here is typed by hand.\n\n",
 		started.UTC().Format("2006-01-02 15:04"))
-	fmt.Fprintf(&b, "A standing fleet of Ready machines, written directly as a restore from backup would, over %d namespaces with two Metal3 IPPools and one InClusterIPPool each: per machine a Machine, a BareMetalHost, a Metal3Machine, a Metal3DataClaim, a Metal3Data, two IPClaims with their IPAddresses and an IPAddressClaim. The webhook starts on it with its default flags, and its memory is read %s after its caches synced.\n\n", namespaces, settle)
+	fmt.Fprintf(&b, "A standing fleet of Ready machines, written directly as a restore from backup would, over %d namespaces with two Metal3 IPPools and one InClusterIPPool each: per machine a Machine, a BareMetalHost, a Metal3Machine with the status of a provisioned host, a Metal3DataClaim, a Metal3Data, two IPClaims with their IPAddresses and an IPAddressClaim. The webhook starts on it with its default flags, and its memory is read %s after its caches synced.\n\n", namespaces, settle)
 	fmt.Fprintln(&b, "| machines | resident (MiB) | Go heap in use (MiB) | caches synced in | objects cached |")
 	fmt.Fprintln(&b, "|---:|---:|---:|---:|---:|")
 	for _, m := range results {
