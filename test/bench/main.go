@@ -51,6 +51,8 @@ type config struct {
 	page string
 	// pageOnly writes the page from the results already in the results directory, and runs nothing.
 	pageOnly bool
+	// fleet is the size of the standing fleet written before the scenarios run; 0: none.
+	fleet int
 }
 
 // Default sizes: three repetitions of every mode took about 10 minutes on 2 cores; the speed
@@ -80,6 +82,7 @@ func main() {
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
 	flag.StringVar(&c.page, "page", "docs/benchmarks.md", "Page written from the results, relative to the repository; empty for none.")
 	flag.BoolVar(&c.pageOnly, "page-only", false, "Only write the page from the results already saved.")
+	flag.IntVar(&c.fleet, "fleet", 0, "Ready machines of a standing fleet, over 10 namespaces, written directly before the scenarios run (as a restore from backup would), which CAPM3, the IPAM and the webhook then hold in their caches.")
 	flag.StringVar(&c.webhookArgs, "webhook-args", "", "Extra flags for the single webhook process (not the leader-loss replicas), separated by spaces, e.g. --handover-ipam-wait=0.")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./bench [flags]\n\nThe default sizes take about 20 minutes on 2 cores; the larger run (about two hours):\n  make bench BENCH_ARGS=%q\n\n", bigArgs)
@@ -227,6 +230,9 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	if err := cp.StartWebhook(ctx, singleWebhook...); err != nil {
 		return nil, err
 	}
+	if err := writeFleet(ctx, cp, c.fleet, out); err != nil {
+		return nil, err
+	}
 	if err := cp.StartInClusterIPAM(ctx); err != nil {
 		return nil, err
 	}
@@ -253,6 +259,30 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	}
 	return report, writePage(filepath.Join(root, c.page), report)
 }
+
+// writeFleet writes the standing fleet with the webhook out of the Metal3Data path, as a restore
+// would; the templates go through its validation.
+func writeFleet(ctx context.Context, cp *harness.ControlPlane, machines int, out io.Writer) error {
+	if machines == 0 {
+		return nil
+	}
+	start := time.Now()
+	templates, err := harness.FleetNamespaces(ctx, cp.Client, fleetNamespaces)
+	if err != nil {
+		return err
+	}
+	if err := cp.UnregisterMutatingWebhooks(ctx); err != nil {
+		return err
+	}
+	if err := harness.WriteFleet(ctx, cp.Client, templates, 0, machines); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "Standing fleet: %d Ready machines over %d namespaces, written in %s\n", machines, fleetNamespaces, time.Since(start).Round(time.Second))
+	return cp.RegisterMutatingWebhooks(ctx)
+}
+
+// fleetNamespaces is how many namespaces the standing fleet is spread over.
+const fleetNamespaces = 10
 
 // runScenarios runs every selected scenario in every mode, then the leader-loss scenario, which
 // replaces the webhook process by two replicas. The single process is restarted around the no-op
