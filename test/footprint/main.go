@@ -49,12 +49,17 @@ func main() {
 	page := flag.String("page", "docs/footprint.md", "Page written from the measurements, relative to the repository; empty for none.")
 	flag.Parse()
 	log.SetLogger(klog.NewKlogr())
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, *sizes, *page); err != nil {
+	if err := runUntilSignal(*sizes, *page); err != nil {
 		fmt.Fprintln(os.Stderr, "footprint:", err)
 		os.Exit(1)
 	}
+}
+
+// runUntilSignal measures, cancelled by an interrupt or SIGTERM.
+func runUntilSignal(sizes, page string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, sizes, page)
 }
 
 func run(ctx context.Context, sizeList, page string) error {
