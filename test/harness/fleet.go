@@ -32,11 +32,6 @@ func FleetNamespaces(ctx context.Context, c client.Client, count int) ([]*infrav
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			return nil, err
 		}
-		tmpl := fixtures.ThreePoolTemplate("workers")
-		m := fixtures.NewMachine(tmpl, 0).InNamespace(ns)
-		if err := CreateShared(ctx, c, m); err != nil {
-			return nil, fmt.Errorf("storing the cluster and template of %s: %w", ns, err)
-		}
 		for _, p := range []client.Object{
 			fixtures.Metal3Pool(fixtures.ProvisioningPool, "10."+strconv.Itoa(i)),
 			fixtures.Metal3Pool(fixtures.BaremetalPool, "10."+strconv.Itoa(100+i)),
@@ -46,6 +41,11 @@ func FleetNamespaces(ctx context.Context, c client.Client, count int) ([]*infrav
 			if err := c.Create(ctx, p); err != nil {
 				return nil, fmt.Errorf("storing pool %s/%s: %w", ns, p.GetName(), err)
 			}
+		}
+		// After its pools, which the webhook's validation of the template looks up.
+		m := fixtures.NewMachine(fixtures.ThreePoolTemplate("workers"), 0).InNamespace(ns)
+		if err := CreateShared(ctx, c, m); err != nil {
+			return nil, fmt.Errorf("storing the cluster and template of %s: %w", ns, err)
 		}
 		templates = append(templates, m.Template)
 	}
