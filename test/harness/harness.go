@@ -484,7 +484,9 @@ func (cp *ControlPlane) StartWebhook(ctx context.Context, extraArgs ...string) e
 	if err != nil {
 		return err
 	}
-	return waitFor(ctx, 60*time.Second, func() error {
+	// Its caches sync before it is ready: with thousands of machines stored that takes tens of
+	// seconds on a loaded machine.
+	return waitFor(ctx, 3*time.Minute, func() error {
 		if !cp.webhook.Running() {
 			return errors.New("webhook exited; see " + cp.webhook.LogPath)
 		}
