@@ -201,8 +201,12 @@ func report(results []measurement, started time.Time) string {
 		hi, lo := results[n-1], results[n-2]
 		per := 1000 * (hi.rssMiB - lo.rssMiB) / float64(hi.machines-lo.machines)
 		heap := 1000 * (hi.heapMiB - lo.heapMiB) / float64(hi.machines-lo.machines)
-		fmt.Fprintf(&b, "\nEach 1,000 machines add %.0f MiB resident (%.0f MiB of Go heap), from %d to %d machines. Budget: %d MiB resident with %d machines cached.\n",
-			per, heap, lo.machines, hi.machines, budgetMiB, hi.machines)
+		verdict := "within it"
+		if hi.rssMiB > budgetMiB {
+			verdict = "**above it**"
+		}
+		fmt.Fprintf(&b, "\nEach 1,000 machines add %.0f MiB resident (%.0f MiB of Go heap), from %d to %d machines. Budget: %d MiB resident with %d machines cached: %s.\n",
+			per, heap, lo.machines, hi.machines, budgetMiB, hi.machines, verdict)
 	}
 	return b.String()
 }
