@@ -59,7 +59,7 @@ func WriteFleet(ctx context.Context, c client.Client, templates []*infrav1.Metal
 	for i := from; i < to; i++ {
 		tmpl := templates[i%len(templates)]
 		g.Go(func() error {
-			return writeMachine(ctx, c, fixtures.NewMachine(tmpl.DeepCopy(), i/len(templates)).InNamespace(tmpl.Namespace), i/len(templates))
+			return writeMachine(ctx, c, fixtures.NewMachine(tmpl.DeepCopy(), i/len(templates)).InNamespace(tmpl.Namespace), i%len(templates), i/len(templates))
 		})
 	}
 	return g.Wait()
@@ -67,7 +67,8 @@ func WriteFleet(ctx context.Context, c client.Client, templates []*infrav1.Metal
 
 // writeMachine stores one Ready machine: what CAPI and CAPM3 create, the Metal3Data with its
 // status, its two IPClaims answered by IPAddresses and its IPAddressClaim answered.
-func writeMachine(ctx context.Context, c client.Client, m *fixtures.Machine, index int) error {
+// Its addresses are in its namespace's pools, which FleetNamespaces numbered by namespace.
+func writeMachine(ctx context.Context, c client.Client, m *fixtures.Machine, namespace, index int) error {
 	if err := CreateMachineObjects(ctx, c, m); err != nil {
 		return fmt.Errorf("storing machine %s/%d: %w", m.Template.Namespace, index, err)
 	}
@@ -87,7 +88,7 @@ func writeMachine(ctx context.Context, c client.Client, m *fixtures.Machine, ind
 	}
 	owner := allocation.OwnerReference(data)
 	for k, pool := range []string{fixtures.ProvisioningPool, fixtures.BaremetalPool} {
-		if err := writeIPClaim(ctx, c, data, owner, pool, fmt.Sprintf("10.%d.%d.%d", k, index/200, 10+index%200)); err != nil {
+		if err := writeIPClaim(ctx, c, data, owner, pool, fmt.Sprintf("10.%d.%d.%d", 100*k+namespace, index/200, 10+index%200)); err != nil {
 			return err
 		}
 	}
