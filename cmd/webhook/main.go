@@ -16,7 +16,6 @@ import (
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -158,28 +157,6 @@ func (o *options) checkFlags() error {
 	return nil
 }
 
-// cached lists what is read through the cache: metadata, but for the template, Metal3Machine and
-// Cluster, the IPClaims' status, which the release reads to tell a busy pool, and with ipamWait the
-// IPAddressClaims' status, which the hand-over waits for too.
-func cached(ipamWait bool) []client.Object {
-	objs := []client.Object{
-		&infrav1.Metal3DataTemplate{},
-		&infrav1.Metal3Machine{},
-		&clusterv1.Cluster{},
-		&ipamv1.IPClaim{},
-		allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3DataClaim")),
-		allocation.Metadata(clusterv1.GroupVersion.WithKind("Machine")),
-		allocation.Metadata(bmov1alpha1.GroupVersion.WithKind("BareMetalHost")),
-		allocation.Metadata(allocation.IPClaimGVK),
-		allocation.Metadata(allocation.IPAddressClaimGVK),
-		allocation.Metadata(allocation.Metal3DataGVK),
-		allocation.Metadata(allocation.Metal3AddressGVK),
-	}
-	if ipamWait {
-		objs = append(objs, &capipamv1.IPAddressClaim{})
-	}
-	return objs
-}
 
 // informerOf names the informer of obj in errors: the metadata or the whole objects of a kind.
 func informerOf(obj client.Object) string {
@@ -357,43 +334,7 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, admissio
 	return (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, concurrency)
 }
 
-// cacheOptions restrict the caches to the namespace and watch filter served. The watch filter
-// selects the Metal3Data and their claims, which carry their labels (CAPM3 copies them too); the
-// objects they refer to are read whatever their labels.
-func cacheOptions(o options) cache.Options {
-	opts := cache.Options{
-		DefaultTransform: cache.TransformStripManagedFields(),
-		ByObject:         map[client.Object]cache.ByObject{&infrav1.Metal3Machine{}: {Transform: metal3MachineAsRead}},
-	}
-	if o.namespace != "" {
-		opts.DefaultNamespaces = map[string]cache.Config{o.namespace: {}}
-	}
-	if o.watchFilter != "" {
-		selector := labels.SelectorFromSet(labels.Set{clusterv1.WatchLabel: o.watchFilter})
-		// By kind: the informers of whole claims share it with the metadata ones.
-		for _, obj := range []client.Object{
-			allocation.Metadata(allocation.Metal3DataGVK), allocation.Metadata(allocation.IPClaimGVK), allocation.Metadata(allocation.IPAddressClaimGVK),
-		} {
-			opts.ByObject[obj] = cache.ByObject{Label: selector}
-		}
-	}
-	return opts
-}
 
-// metal3MachineAsRead keeps of a Metal3Machine what admission reads, its metadata and the template
-// it names: its status and the rest of its spec grow with the fleet and are never read.
-func metal3MachineAsRead(in any) (any, error) {
-	m3m, ok := in.(*infrav1.Metal3Machine)
-	if !ok {
-		return in, nil
-	}
-	m3m.ManagedFields = nil
-	return &infrav1.Metal3Machine{
-		TypeMeta:   m3m.TypeMeta,
-		ObjectMeta: m3m.ObjectMeta,
-		Spec:       infrav1.Metal3MachineSpec{DataTemplate: m3m.Spec.DataTemplate},
-	}, nil
-}
 
 // cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.
 func cacheSynced(c cache.Cache) healthz.Checker {

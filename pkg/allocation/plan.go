@@ -20,17 +20,19 @@ const (
 	// PoolLabelName is the label CAPM3 puts on IPClaims in BMH-name mode, naming the pool.
 	PoolLabelName = "infrastructure.cluster.x-k8s.io/pool-name"
 
+	// AnnotationPrefix begins the name of every annotation the webhook writes.
+	AnnotationPrefix = "ip-preallocator.metal3.io/"
 	// PreallocatedForAnnotation names the Metal3Data a claim not yet handed over was created for. Not
 	// a label: the Metal3 IPAM copies a claim's labels onto its IPAddress.
-	PreallocatedForAnnotation = "ip-preallocator.metal3.io/preallocated-for"
+	PreallocatedForAnnotation = AnnotationPrefix + "preallocated-for"
 	// AdmissionAnnotation is the UID of the admission that last claimed a waiting claim, on the claim
 	// and its Metal3Data: it binds the hand-over, and its change restarts the grace period.
-	AdmissionAnnotation = "ip-preallocator.metal3.io/admission"
+	AdmissionAnnotation = AnnotationPrefix + "admission"
 	// DataClaimAnnotation names a waiting claim's Metal3DataClaim: while that waits for data, CAPM3
 	// retries the create, whose admission reclaims the claim, so it is not released.
-	DataClaimAnnotation = "ip-preallocator.metal3.io/data-claim"
+	DataClaimAnnotation = AnnotationPrefix + "data-claim"
 	// ClaimsAnnotation lists on a Metal3Data its preallocated claims, as comma-separated kind/name.
-	ClaimsAnnotation = "ip-preallocator.metal3.io/claims"
+	ClaimsAnnotation = AnnotationPrefix + "claims"
 
 	// KindIPClaim is the kind of a Metal3 IPAM claim.
 	KindIPClaim = "IPClaim"

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"maps"
+	"strings"
+
+	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+)
+
+// cached lists what is read through the cache: metadata, but for the template, Metal3Machine and
+// Cluster, the IPClaims' status, which the release reads to tell a busy pool, and with ipamWait the
+// IPAddressClaims' status, which the hand-over waits for too.
+func cached(ipamWait bool) []client.Object {
+	objs := []client.Object{
+		&infrav1.Metal3DataTemplate{},
+		&infrav1.Metal3Machine{},
+		&clusterv1.Cluster{},
+		&ipamv1.IPClaim{},
+		allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3DataClaim")),
+		allocation.Metadata(clusterv1.GroupVersion.WithKind("Machine")),
+		allocation.Metadata(bmov1alpha1.GroupVersion.WithKind("BareMetalHost")),
+		allocation.Metadata(allocation.IPClaimGVK),
+		allocation.Metadata(allocation.IPAddressClaimGVK),
+		allocation.Metadata(allocation.Metal3DataGVK),
+		allocation.Metadata(allocation.Metal3AddressGVK),
+	}
+	if ipamWait {
+		objs = append(objs, &capipamv1.IPAddressClaim{})
+	}
+	return objs
+}
+
+// cacheOptions restrict the caches to the namespace and watch filter served. The watch filter
+// selects the Metal3Data and their claims, which carry their labels (CAPM3 copies them too); the
+// objects they refer to are read whatever their labels.
+func cacheOptions(o options) cache.Options {
+	opts := cache.Options{DefaultTransform: asRead}
+	if o.namespace != "" {
+		opts.DefaultNamespaces = map[string]cache.Config{o.namespace: {}}
+	}
+	if o.watchFilter != "" {
+		selector := labels.SelectorFromSet(labels.Set{clusterv1.WatchLabel: o.watchFilter})
+		opts.ByObject = map[client.Object]cache.ByObject{}
+		// By kind: the informers of whole claims share it with the metadata ones.
+		for _, obj := range []client.Object{
+			allocation.Metadata(allocation.Metal3DataGVK), allocation.Metadata(allocation.IPClaimGVK), allocation.Metadata(allocation.IPAddressClaimGVK),
+		} {
+			opts.ByObject[obj] = cache.ByObject{Label: selector}
+		}
+	}
+	return opts
+}
+
+// asRead keeps of a cached object what the webhook reads; the caches hold every machine of the
+// fleet, so what is never read is memory for nothing. Labels go: the watch filter selects on the
+// server. Finalizers stay on claims and IPAddresses, whose patches test them. Annotations stay on
+// the objects a template's fromAnnotation may name; on claims and Metal3Data only ours are read.
+func asRead(in any) (any, error) {
+	obj, ok := in.(client.Object)
+	if !ok {
+		return in, nil
+	}
+	obj.SetManagedFields(nil)
+	obj.SetLabels(nil)
+	switch kindOf(obj) {
+	case allocation.IPClaimGVK.GroupKind(), allocation.IPAddressClaimGVK.GroupKind(), allocation.Metal3AddressGVK.GroupKind():
+		obj.SetAnnotations(own(obj.GetAnnotations()))
+	case allocation.Metal3DataGVK.GroupKind():
+		obj.SetAnnotations(own(obj.GetAnnotations()))
+		obj.SetFinalizers(nil)
+	default:
+		obj.SetFinalizers(nil)
+	}
+	if m3m, ok := obj.(*infrav1.Metal3Machine); ok {
+		return metal3MachineAsRead(m3m), nil
+	}
+	return obj, nil
+}
+
+// kindOf tells the kind of a cached object: the metadata informers set it, whole objects are known
+// by their type.
+func kindOf(obj client.Object) schema.GroupKind {
+	switch obj.(type) {
+	case *metav1.PartialObjectMetadata:
+		return obj.GetObjectKind().GroupVersionKind().GroupKind()
+	case *ipamv1.IPClaim:
+		return allocation.IPClaimGVK.GroupKind()
+	case *capipamv1.IPAddressClaim:
+		return allocation.IPAddressClaimGVK.GroupKind()
+	}
+	return schema.GroupKind{}
+}
+
+// own keeps the webhook's annotations; nil when there are none.
+func own(annotations map[string]string) map[string]string {
+	maps.DeleteFunc(annotations, func(key, _ string) bool { return !strings.HasPrefix(key, allocation.AnnotationPrefix) })
+	if len(annotations) == 0 {
+		return nil
+	}
+	return annotations
+}
+
+// metal3MachineAsRead keeps of a Metal3Machine what admission reads, its metadata and the template
+// it names: its status and the rest of its spec grow with the fleet and are never read.
+func metal3MachineAsRead(m3m *infrav1.Metal3Machine) *infrav1.Metal3Machine {
+	return &infrav1.Metal3Machine{
+		TypeMeta:   m3m.TypeMeta,
+		ObjectMeta: m3m.ObjectMeta,
+		Spec:       infrav1.Metal3MachineSpec{DataTemplate: m3m.Spec.DataTemplate},
+	}
+}
