@@ -157,7 +157,6 @@ func (o *options) checkFlags() error {
 	return nil
 }
 
-
 // informerOf names the informer of obj in errors: the metadata or the whole objects of a kind.
 func informerOf(obj client.Object) string {
 	if _, ok := obj.(*metav1.PartialObjectMetadata); ok {
@@ -333,8 +332,6 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, admissio
 	}
 	return (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, concurrency)
 }
-
-
 
 // cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.
 func cacheSynced(c cache.Cache) healthz.Checker {
