@@ -216,13 +216,15 @@ func TestCheckUpperBoundPerData(t *testing.T) {
 // the baseline's upper bound, and scenarios without a baseline are left out.
 func TestCheckAgainstBaselines(t *testing.T) {
 	results := []*scenarioResult{
-		{name: "namespaces", admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 7}}},
+		{name: "namespaces", admitted: 100, compared: []string{invOrphanAddress}, counts: []namedCount{{name: invOrphanAddress, n: 7}}},
 		{name: "namespaces-stock", control: true, admitted: 100},
-		{name: "recreate", admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 2}}},
+		{name: "recreate", admitted: 100, compared: []string{invOrphanAddress}, counts: []namedCount{{name: invOrphanAddress, n: 2}}},
 		{name: "recreate-stock", control: true, admitted: 100},
 		{name: "leader-loss", admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 9}}},
+		{name: "rejected-after-mutation", admitted: 100, compared: []string{invNamespaces}, counts: []namedCount{{name: invOrphanAddress, n: 3}, {name: invNamespaces, n: 1}}},
+		{name: "rejected-after-mutation-stock", control: true, admitted: 100, counts: []namedCount{{name: invNamespaces, n: 1}}},
 	}
-	got := strings.Join(againstBaselines(results, []string{invOrphanAddress}), "\n")
+	got := strings.Join(againstBaselines(results), "\n")
 	for _, want := range []string{"| namespaces | " + invOrphanAddress + " | 7 of 100 | 0.0700 | 0.0300 (0 of 100) | **above** |",
 		"| recreate | " + invOrphanAddress + " | 2 of 100 | 0.0200 | 0.0300 (0 of 100) | within |"} {
 		if !strings.Contains(got, want) {
@@ -231,6 +233,9 @@ func TestCheckAgainstBaselines(t *testing.T) {
 	}
 	if strings.Contains(got, "leader-loss") {
 		t.Errorf("a scenario without a baseline is compared:\n%s", got)
+	}
+	if !strings.Contains(got, "| rejected-after-mutation | "+invNamespaces+" | 1 of 100 |") || strings.Contains(got, "| rejected-after-mutation | "+invOrphanAddress) {
+		t.Errorf("rejected-after-mutation compares more or less than its namespaces' deletion time:\n%s", got)
 	}
 }
 
@@ -247,9 +252,9 @@ func TestCheckUnfaultedDeletion(t *testing.T) {
 // not for one within it, and fails when its baseline is missing.
 func TestCheckFailuresAgainstStock(t *testing.T) {
 	r := &suiteReport{results: []*scenarioResult{
-		{name: "namespaces", admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 7}, {name: invNotReady, n: 1}}},
+		{name: "namespaces", admitted: 100, compared: comparedToStock, counts: []namedCount{{name: invOrphanAddress, n: 7}, {name: invNotReady, n: 1}}},
 		{name: "namespaces-stock", control: true, admitted: 100},
-		{name: "kills", admitted: 100},
+		{name: "kills", admitted: 100, compared: comparedToStock},
 	}}
 	got := r.failuresAgainstStock("namespaces")
 	if len(got) != 1 || !strings.Contains(got[0], invOrphanAddress) {
@@ -267,7 +272,7 @@ func TestCheckReportOpensWithWhatItMeans(t *testing.T) {
 	defer func() { cp = saved }()
 	cp = &harness.ControlPlane{Root: t.TempDir()}
 	r := &suiteReport{started: time.Now(), results: []*scenarioResult{
-		{name: "namespaces", trials: 1, admitted: 100, counts: []namedCount{{name: invOrphanAddress, n: 1}},
+		{name: "namespaces", trials: 1, admitted: 100, compared: comparedToStock, counts: []namedCount{{name: invOrphanAddress, n: 1}},
 			perTrial: []trialCounts{{stored: 100, counts: map[string]int64{invOrphanAddress: 1}}}},
 		{name: "namespaces-stock", control: true, trials: 1, admitted: 90, counts: []namedCount{{name: invOrphanAddress, n: 4}},
 			perTrial: []trialCounts{{stored: 90, counts: map[string]int64{invOrphanAddress: 4}}}},

@@ -51,9 +51,9 @@ type scenario struct {
 	// control: the webhook does not serve the scenario's namespaces; its counts are a baseline
 	// of stock CAPM3 and the IPAM, reported, not asserted.
 	control bool
-	// baseline: the webhook's trial of a scenario that has a stock baseline; the counts stock
-	// shows too are held to stock's bound, not to 0.
-	baseline bool
+	// compared: in the webhook's trial of a scenario that has a stock baseline, the counts held to
+	// stock's bound, not to 0.
+	compared []string
 	// lastActivity is when the scenario last created, deleted or faulted anything; the checks
 	// run after the grace period counted from there.
 	lastActivity time.Time
