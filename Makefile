@@ -65,7 +65,7 @@ test-unit: ## Unit tests of the product module only: no control plane, no tools.
 FUZZTIME ?= 3000x
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target of the product module for $(FUZZTIME).
+fuzz: ## Run each fuzz target of the product module for $(FUZZTIME) (make test runs their seed corpora only).
 	@for pkg in $$(grep -rl --include='*_test.go' '^func Fuzz' pkg internal cmd | xargs -n1 dirname | sort -u); do \
 		for target in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$pkg/*_test.go | cut -d' ' -f2); do \
 			echo "go test -fuzz $$target ./$$pkg"; \
@@ -75,9 +75,9 @@ fuzz: ## Run each fuzz target of the product module for $(FUZZTIME).
 
 .PHONY: test
 test: tools lint verify-manifests test-unit ## Unit tests and the suites of the test module against a real control plane.
-	$(MAKE) --no-print-directory fuzz
-	@# One suite at a time, each with its own timeout; the quick fault scenarios only (make faults
-	@# runs them all at full size).
+	@# test-unit runs every fuzz target's seed corpus; make fuzz explores beyond it. Then the suites,
+	@# one at a time, each with its own timeout; the quick fault scenarios only (make faults runs them
+	@# all at full size).
 	hack/test-suites.sh
 
 .PHONY: suites
