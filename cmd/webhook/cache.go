@@ -64,8 +64,9 @@ func cacheOptions(o options) cache.Options {
 
 // asRead keeps of a cached object what the webhook reads; the caches hold every machine of the
 // fleet, so what is never read is memory for nothing. Labels go: the watch filter selects on the
-// server. Finalizers stay on claims and IPAddresses, whose patches test them. Annotations stay on
-// the objects a template's fromAnnotation may name; on claims and Metal3Data only ours are read.
+// server. Claims keep their finalizers and annotations, which the hand-over's patches test whole;
+// IPAddresses their finalizers, which the release's patch tests. Of the annotations of Metal3Data
+// and IPAddresses only ours are read; the objects a template's fromAnnotation may name keep theirs.
 func asRead(in any) (any, error) {
 	obj, ok := in.(client.Object)
 	if !ok {
@@ -74,7 +75,8 @@ func asRead(in any) (any, error) {
 	obj.SetManagedFields(nil)
 	obj.SetLabels(nil)
 	switch kindOf(obj) {
-	case allocation.IPClaimGVK.GroupKind(), allocation.IPAddressClaimGVK.GroupKind(), allocation.Metal3AddressGVK.GroupKind():
+	case allocation.IPClaimGVK.GroupKind(), allocation.IPAddressClaimGVK.GroupKind():
+	case allocation.Metal3AddressGVK.GroupKind():
 		obj.SetAnnotations(own(obj.GetAnnotations()))
 	case allocation.Metal3DataGVK.GroupKind():
 		obj.SetAnnotations(own(obj.GetAnnotations()))

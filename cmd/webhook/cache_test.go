@@ -40,8 +40,9 @@ func TestScopedCaches(t *testing.T) {
 }
 
 // TestAsRead: the caches keep what the webhook reads of each kind and nothing else: no labels or
-// managed fields; finalizers on claims and IPAddresses; only our annotations on claims, IPAddresses
-// and Metal3Data, every annotation on the machine's objects; of a Metal3Machine only its template.
+// managed fields; finalizers on claims and IPAddresses; every annotation on claims, which the
+// hand-over tests whole, and on the machine's objects; only ours on IPAddresses and Metal3Data; of
+// a Metal3Machine only its template.
 func TestAsRead(t *testing.T) {
 	meta := func() metav1.ObjectMeta {
 		return metav1.ObjectMeta{
@@ -76,17 +77,17 @@ func TestAsRead(t *testing.T) {
 		{
 			name: "IPClaim metadata",
 			in:   metadata(allocation.IPClaimGVK),
-			want: keptMetadata(allocation.IPClaimGVK, read(ours, meta().Finalizers)),
+			want: keptMetadata(allocation.IPClaimGVK, read(all, meta().Finalizers)),
 		},
 		{
 			name: "whole IPClaim",
 			in:   &ipamv1.IPClaim{ObjectMeta: meta(), Spec: spec, Status: status},
-			want: &ipamv1.IPClaim{ObjectMeta: read(ours, meta().Finalizers), Spec: spec, Status: status},
+			want: &ipamv1.IPClaim{ObjectMeta: read(all, meta().Finalizers), Spec: spec, Status: status},
 		},
 		{
 			name: "IPAddressClaim metadata",
 			in:   metadata(allocation.IPAddressClaimGVK),
-			want: keptMetadata(allocation.IPAddressClaimGVK, read(ours, meta().Finalizers)),
+			want: keptMetadata(allocation.IPAddressClaimGVK, read(all, meta().Finalizers)),
 		},
 		{
 			name: "IPAddress metadata",
