@@ -17,7 +17,7 @@ suites=(
   "./demo            45  5m"
   "./bench          480 20m -v"
   "./faults           5  3m -run ^TestCheck"
-  "./faults         390 15m -run TestFaults/^(kills|rejected-after-mutation|leader-loss|api-faults)$"
+  "./faults         430 15m -run TestFaults/^(kills|rejected-after-mutation|leader-loss|api-faults)$"
   "./integration    310 10m -v"
   "./ipamrace        40  5m -v"
 )
