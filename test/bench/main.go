@@ -29,6 +29,13 @@ import (
 
 type config struct {
 	idle, burst, backlog int
+	// slow is the size of the slow arrival, whose claims are created slowRate per second; 0
+	// leaves it out.
+	slow     int
+	slowRate float64
+	// scale runs the scale scenarios (scaleSettings) instead of settings, and saves to
+	// scaleResults.
+	scale bool
 	// leaderLoss is the size of the leader-loss burst; 0 leaves the scenario out.
 	leaderLoss int
 	// templates is how many Metal3DataTemplates the spread burst's claims are divided among.
@@ -41,8 +48,8 @@ type config struct {
 	// backlog, in both modes.
 	pause   time.Duration
 	timeout time.Duration
-	results string
-	only    string
+	results, scaleResults string
+	only                  string
 	// scenarios, if set, are the only setting/scenario names run.
 	scenarios []string
 	// webhookArgs are extra flags for the webhook process, to measure what a setting changes.
@@ -80,6 +87,10 @@ func main() {
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
+	flag.StringVar(&c.scaleResults, "scale-results", "bench/results/scale", "Directory for the JSON results and the plot of --scale, relative to the repository; the page has a section from each.")
+	flag.BoolVar(&c.scale, "scale", false, "Run the scale scenarios (bursts over 10 templates at both limit settings, a backlog, a slow arrival) instead of the default ones; make bench-scale sets their sizes.")
+	flag.IntVar(&c.slow, "slow", 0, "Metal3DataClaims created --slow-rate per second in the slow-arrival scenario (scale scenarios only); 0 leaves it out.")
+	flag.Float64Var(&c.slowRate, "slow-rate", 10, "Metal3DataClaims per second in the slow-arrival scenario.")
 	flag.StringVar(&c.page, "page", "docs/benchmarks.md", "Page written from the results, relative to the repository; empty for none.")
 	flag.BoolVar(&c.pageOnly, "page-only", false, "Only write the page from the results already saved.")
 	flag.IntVar(&c.fleet, "fleet", 0, "Ready machines of a standing fleet, over 10 namespaces, written directly before the scenarios run (as a restore from backup would), which CAPM3, the IPAM and the webhook then hold in their caches.")
@@ -115,7 +126,7 @@ type setting struct {
 
 type scenario struct {
 	Name string
-	Kind string // idle, burst or backlog
+	Kind string // idle, burst, backlog or slow
 	// Spread divides the claims among config.templates templates instead of one.
 	Spread bool
 	// IPAM overrides the setting's IPAM options.
@@ -243,7 +254,10 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	b := &bench{cp: cp, ready: ready, cfg: c, out: out, load: startLoadSampler(ctx), serving: modePreallocated}
 	defer b.stopReplicas()
 
-	report := &Report{Machine: machine(), Started: time.Now().UTC()}
+	report := &Report{Machine: machine(), Started: time.Now().UTC(), Fleet: c.fleet}
+	if c.slow > 0 {
+		report.SlowRate = c.slowRate
+	}
 	if err := b.runScenarios(ctx, report); err != nil {
 		return report, err
 	}
@@ -251,13 +265,14 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	report.Load = b.load.summary()
 	report.finish()
 	printReport(out, report)
-	if err := save(report, root, c.results, out); err != nil {
+	if err := save(report, root, c.resultsDir(), out); err != nil {
 		return report, err
 	}
-	if c.results == "" || c.page == "" {
+	if c.resultsDir() == "" || c.page == "" {
 		return report, nil
 	}
-	return report, writePage(filepath.Join(root, c.page), report)
+	_, err = rewritePage(root, c)
+	return report, err
 }
 
 // writeFleet writes the standing fleet with the webhook out of the Metal3Data path, as a restore
@@ -289,7 +304,7 @@ const fleetNamespaces = 10
 // runs (serveAs); its footprint is read whenever a preallocating one stops (readFootprint).
 func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 	var later []func() error
-	for _, s := range settings() {
+	for _, s := range b.cfg.settings() {
 		for i, sc := range s.Scenarios {
 			if !b.selected(s, sc) {
 				continue
@@ -335,7 +350,7 @@ func (b *bench) runScenarios(ctx context.Context, report *Report) error {
 // selected tells whether a scenario runs: --only, and a leader-loss size above zero.
 func (b *bench) selected(s setting, sc scenario) bool {
 	name := s.Name + "/" + sc.Name
-	if sc.LeaderLoss && b.cfg.leaderLoss <= 0 || len(b.cfg.scenarios) > 0 && !slices.Contains(b.cfg.scenarios, name) {
+	if sc.LeaderLoss && b.cfg.leaderLoss <= 0 || sc.Kind == "slow" && b.cfg.slow <= 0 || len(b.cfg.scenarios) > 0 && !slices.Contains(b.cfg.scenarios, name) {
 		return false
 	}
 	return strings.Contains(name, b.cfg.only)

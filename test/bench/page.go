@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -16,11 +18,13 @@ var scenarioModels = map[string]string{
 	"burst-spread":    "a burst over 10 templates",
 	"backlog":         "CAPM3's Metal3Data controller held while the claims arrive, then resumed (a CAPM3 restart or upgrade)",
 	"leader-loss":     "a burst during which the webhook's leader is killed",
+	"slow":            "a MachineDeployment scaled up machine by machine: Metal3DataClaims at a steady rate",
 }
 
 // writePage writes docs/benchmarks.md from the report: what the run measured, when preallocation
-// pays first, so that the page cannot drift from the figures.
-func writePage(path string, r *Report) error {
+// pays first, so that the page cannot drift from the figures; then the scale run's section, if
+// there is one.
+func writePage(path string, r, scale *Report) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` from `bench/results/results.json` (%s to %s UTC); nothing here is typed by hand.\n",
 		r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.UTC().Format("15:04"))
@@ -36,6 +40,9 @@ func writePage(path string, r *Report) error {
 	fmt.Fprintln(&b, "\nA verdict is \"pays\" or \"costs\" only where the ratio is outside the noise.")
 	fmt.Fprintln(&b, "\n## Speed check")
 	printSpeedCheck(&b, r.Paired)
+	if scale != nil {
+		writeScaleSection(&b, scale)
+	}
 	fmt.Fprintln(&b, "\n## Every ratio")
 	printComparisons(&b, r)
 	fmt.Fprintln(&b, "\n![Time to Ready, every run](../bench/results/time-to-ready.png)")
@@ -50,9 +57,23 @@ func writePage(path string, r *Report) error {
 	return os.WriteFile(path, b.Bytes(), 0o644)
 }
 
-// rewritePage writes the page from the saved results.
+// rewritePage writes the page from the saved results of make bench and, once it has run, of make
+// bench-scale.
 func rewritePage(root string, c config) (*Report, error) {
-	dir := c.results
+	report, err := loadReport(root, c.results)
+	if err != nil {
+		return nil, err
+	}
+	scale, err := loadReport(root, c.scaleResults)
+	if errors.Is(err, fs.ErrNotExist) {
+		scale = nil
+	} else if err != nil {
+		return nil, err
+	}
+	return report, writePage(filepath.Join(root, c.page), report, scale)
+}
+
+func loadReport(root, dir string) (*Report, error) {
 	if !filepath.IsAbs(dir) {
 		dir = filepath.Join(root, dir)
 	}
@@ -66,7 +87,7 @@ func rewritePage(root string, c config) (*Report, error) {
 	}
 	// The verdicts follow the check's rules as they are now, not as they were when saved.
 	report.Paired = pairedVerdicts(report.Comparisons, report.WebhookCosts)
-	return report, writePage(filepath.Join(root, c.page), report)
+	return report, nil
 }
 
 type means struct {

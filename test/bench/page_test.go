@@ -21,7 +21,7 @@ func TestPageFromResults(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "benchmarks.md")
-	if err := writePage(path, report); err != nil {
+	if err := writePage(path, report, nil); err != nil {
 		t.Fatal(err)
 	}
 	page, err := os.ReadFile(path)

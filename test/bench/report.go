@@ -77,6 +77,11 @@ type Run struct {
 	// of their claims before its IPAM answered it.
 	FirstReconcileSawUnansweredClaim int
 	ClaimsByCAPM3                    int
+	// Claims counts the run's IP claims, of both groups, once every Metal3Data was Ready.
+	Claims int
+	// HeldBacklog is, in a backlog, how many Metal3Data existed when CAPM3's Metal3Data
+	// controller was let go.
+	HeldBacklog int `json:",omitempty"`
 	// ClaimsByCAPM3Warned counts those the webhook named in a PreallocationIncomplete Event: it
 	// left them to CAPM3 (not created in time, or CAPM3 created them first).
 	ClaimsByCAPM3Warned int
@@ -285,6 +290,10 @@ type Report struct {
 	// Paired is the speed check's verdict on each scenario (see pairedVerdicts).
 	Paired  []Paired
 	Webhook *Footprint
+	// Fleet is how many Ready machines of a standing fleet the run kept beside its scenarios.
+	Fleet int `json:",omitempty"`
+	// SlowRate is the slow arrival's Metal3DataClaims per second.
+	SlowRate float64 `json:",omitempty"`
 }
 
 func machine() map[string]string {

@@ -13,10 +13,12 @@ import (
 	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
@@ -143,6 +145,39 @@ func (b *bench) createClaims(ctx context.Context, ms []*fixtures.Machine, at cla
 		mu.Unlock()
 		return err
 	})
+}
+
+// createClaimsAt creates the claims one after another, perSecond of them a second, as CAPM3's
+// Metal3Machine controller does while a MachineDeployment's machines come up one by one. A create
+// that takes longer delays the next, as it would in the controller.
+func (b *bench) createClaimsAt(ctx context.Context, ms []*fixtures.Machine, at claimCreated, perSecond float64) error {
+	tick := time.NewTicker(time.Duration(float64(time.Second) / perSecond))
+	defer tick.Stop()
+	for i, m := range ms {
+		t, err := b.createClaim(ctx, m)
+		if err != nil {
+			return err
+		}
+		at[i] = t
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// countClaims counts the IP claims of both groups in namespace ns.
+func (b *bench) countClaims(ctx context.Context, ns string) (int, error) {
+	ipClaims, addressClaims := &ipamv1.IPClaimList{}, &capipamv1.IPAddressClaimList{}
+	if err := b.cp.Client.List(ctx, ipClaims, client.InNamespace(ns)); err != nil {
+		return 0, fmt.Errorf("counting the IPClaims of %s: %w", ns, err)
+	}
+	if err := b.cp.Client.List(ctx, addressClaims, client.InNamespace(ns)); err != nil {
+		return 0, fmt.Errorf("counting the IPAddressClaims of %s: %w", ns, err)
+	}
+	return len(ipClaims.Items) + len(addressClaims.Items), nil
 }
 
 // dataOf maps each claim to the Metal3Data the template controller created for it last (the one
@@ -365,7 +400,7 @@ func (b *bench) controllers(ctx context.Context, s setting, sc scenario, ns stri
 }
 
 func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string, repeat int) (*Run, error) {
-	n := map[string]int{"idle": b.cfg.idle, "burst": b.cfg.burst, "backlog": b.cfg.backlog}[sc.Kind]
+	n := map[string]int{"idle": b.cfg.idle, "burst": b.cfg.burst, "backlog": b.cfg.backlog, "slow": b.cfg.slow}[sc.Kind]
 	templates := 1
 	if sc.Spread {
 		templates = b.cfg.templates
@@ -415,7 +450,7 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	if err != nil {
 		return nil, err
 	}
-	claims, released, err := b.drive(ctx, sc, capm3, ms)
+	claims, released, err := b.drive(ctx, sc, capm3, ms, run)
 	if err != nil {
 		return nil, err
 	}
@@ -439,6 +474,9 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 		run.Released = released.Sub(origin(claims, -1)).Seconds()
 	}
 	if err := b.checkRendered(ctx, capm3, ns); err != nil {
+		return nil, err
+	}
+	if run.Claims, err = b.countClaims(ctx, ns); err != nil {
 		return nil, err
 	}
 	// Let the reconciles that follow Ready happen, so that they are counted.
@@ -520,9 +558,9 @@ func origin(claims claimCreated, i int) time.Time {
 }
 
 // drive creates the scenario's Metal3DataClaims and, in a backlog, releases CAPM3's Metal3Data
-// controller --backlog-pause after the first claim; it returns when each claim was sent and when
-// the release was.
-func (b *bench) drive(ctx context.Context, sc scenario, capm3 *stack.CAPM3, ms []*fixtures.Machine) (claimCreated, time.Time, error) {
+// controller --backlog-pause after the first claim, noting in run how many Metal3Data it held;
+// it returns when each claim was sent and when the release was.
+func (b *bench) drive(ctx context.Context, sc scenario, capm3 *stack.CAPM3, ms []*fixtures.Machine, run *Run) (claimCreated, time.Time, error) {
 	claims := claimCreated{}
 	switch sc.Kind {
 	case "idle":
@@ -540,6 +578,10 @@ func (b *bench) drive(ctx context.Context, sc scenario, capm3 *stack.CAPM3, ms [
 		if err := b.createClaims(ctx, ms, claims); err != nil {
 			return nil, time.Time{}, err
 		}
+	case "slow":
+		if err := b.createClaimsAt(ctx, ms, claims, b.cfg.slowRate); err != nil {
+			return nil, time.Time{}, err
+		}
 	case "backlog":
 		start := time.Now()
 		if err := b.createClaims(ctx, ms, claims); err != nil {
@@ -548,6 +590,7 @@ func (b *bench) drive(ctx context.Context, sc scenario, capm3 *stack.CAPM3, ms [
 		// CAPM3's Metal3Data controller is behind for the same time in both modes, whatever
 		// the template controller and the IPAMs did meanwhile.
 		time.Sleep(time.Until(start.Add(b.cfg.pause)))
+		run.HeldBacklog = len(dataOf(capm3.Arrivals.In(ms[0].DataClaim.Namespace)))
 		released := time.Now()
 		capm3.ReleaseMetal3Data()
 		return claims, released, nil

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestScaleVerdict: each of the scale targets fails its row on its own.
+func TestScaleVerdict(t *testing.T) {
+	within := scaleRow{scenario: "backlog", ratio: 0.70, share: 1, admissionBound: 0.050, pre: modeFigures{createP99: 0.040}}
+	for _, tc := range []struct {
+		name string
+		edit func(*scaleRow)
+		want string
+	}{
+		{"within", func(*scaleRow) {}, "meets every target"},
+		{"backlog slower than its target", func(r *scaleRow) { r.ratio = 0.80 }, "misses: slower than 0.75× stock"},
+		{"burst slower than stock", func(r *scaleRow) { r.scenario, r.ratio = "burst-spread", 1.01 }, "misses: slower than 1.00× stock"},
+		{"slow arrival has no time target", func(r *scaleRow) { r.scenario, r.ratio = "slow", 1.50 }, "meets every target"},
+		{"claims left to CAPM3", func(r *scaleRow) { r.share = 0.985 }, "misses: under 99% preallocated"},
+		{"admission above stock's plus one write", func(r *scaleRow) { r.pre.createP99 = 0.051 }, "misses: admission above the bound"},
+		{"two at once", func(r *scaleRow) { r.ratio, r.share = 0.9, 0.5 }, "misses: slower than 0.75× stock; under 99% preallocated"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			row := within
+			tc.edit(&row)
+			if got := scaleVerdict(row); got != tc.want {
+				t.Errorf("scaleVerdict = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestScaleSection: the section takes the share of claims preallocated from the runs' own counts,
+// its least over the preallocated runs, and the admission bound from stock's p99 and the
+// preallocated runs' claim writes.
+func TestScaleSection(t *testing.T) {
+	run := func(mode string, repeat int, total, createP99, claimWrites float64, byCAPM3 int) *Run {
+		r := &Run{Setting: "default-limits", Scenario: "burst-spread", Mode: mode, Repeat: repeat, N: 1000, Total: total,
+			Claims: 3000, ClaimsByCAPM3: byCAPM3}
+		r.CreateServer, r.ClaimCreates = []float64{createP99}, []float64{claimWrites}
+		return r
+	}
+	report := &Report{Fleet: 5000, SlowRate: 10, Runs: []*Run{
+		run(modeStock, 0, 400, 0.020, 0, 3000), run(modePreallocated, 0, 380, 0.030, 0.012, 0),
+		run(modePreallocated, 1, 390, 0.031, 0.014, 60), run(modeStock, 1, 410, 0.022, 0, 3000),
+	}}
+	report.finish()
+	rows := scaleRows(report)
+	if len(rows) != 1 {
+		t.Fatalf("%d rows, want 1", len(rows))
+	}
+	row := rows[0]
+	if row.share != 0.98 {
+		t.Errorf("share %v, want 0.98: the least of the preallocated runs", row.share)
+	}
+	if want := 0.021 + 0.013; row.admissionBound < want-1e-9 || row.admissionBound > want+1e-9 {
+		t.Errorf("admission bound %v, want %v", row.admissionBound, want)
+	}
+	var b bytes.Buffer
+	writeScaleSection(&b, report)
+	for _, want := range []string{"## At scale", "5000 Ready machines", "| default-limits | burst-spread | 1000 |", "98.0%", "misses: under 99% preallocated"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("section without %q:\n%s", want, b.String())
+		}
+	}
+}
