@@ -46,8 +46,8 @@ type config struct {
 	repeats int
 	// pause is how long CAPM3's Metal3Data controller stays held after the first claim of a
 	// backlog, in both modes.
-	pause   time.Duration
-	timeout time.Duration
+	pause                 time.Duration
+	timeout               time.Duration
 	results, scaleResults string
 	only                  string
 	// scenarios, if set, are the only setting/scenario names run.
