@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -34,7 +36,7 @@ func TestScaleVerdict(t *testing.T) {
 
 // TestScaleSection: the section takes the share of claims preallocated from the runs' own counts,
 // its least over the preallocated runs, and the admission bound from stock's p99 and the
-// preallocated runs' claim writes.
+// preallocated runs' claim writes, over the no-op webhook's p99 where it ran.
 func TestScaleSection(t *testing.T) {
 	run := func(mode string, repeat int, total, createP99, claimWrites float64, byCAPM3 int) *Run {
 		r := &Run{Setting: "default-limits", Scenario: "burst-spread", Mode: mode, Repeat: repeat, N: 1000, Total: total,
@@ -46,6 +48,11 @@ func TestScaleSection(t *testing.T) {
 		run(modeStock, 0, 400, 0.020, 0, 3000), run(modePreallocated, 0, 380, 0.030, 0.012, 0),
 		run(modePreallocated, 1, 390, 0.031, 0.014, 60), run(modeStock, 1, 410, 0.022, 0, 3000),
 	}}
+	withNoOp := &Report{Runs: append(slices.Clone(report.Runs), run(modeNoOp, 0, 420, 0.025, 0, 0), run(modeNoOp, 1, 420, 0.027, 0, 0))}
+	withNoOp.finish()
+	if rows := scaleRows(withNoOp); len(rows) != 1 || !rows[0].overNoOp || math.Abs(rows[0].admissionBound-(0.026+0.013)) > 1e-9 {
+		t.Errorf("with the no-op webhook: rows %+v, want the bound over its p99", rows)
+	}
 	report.finish()
 	rows := scaleRows(report)
 	if len(rows) != 1 {
