@@ -85,6 +85,10 @@ func main() {
 	flag.IntVar(&c.repeats, "repeats", defaultRepeats, "Runs of each mode per scenario, alternating which mode goes first (A B, B A, A B, ...); the speed check needs 6 pairs.")
 	flag.DurationVar(&c.pause, "backlog-pause", defaultPause, "How long CAPM3's Metal3Data controller stays held after the first claim of the backlog scenario, in both modes.")
 	flag.DurationVar(&c.timeout, "timeout", 10*time.Minute, "How long one run may take to get every Metal3Data Ready.")
+	flag.Func("scenarios", "Run only these setting/scenario names, separated by commas (e.g. default-limits/backlog,raised-limits/burst-spread).", func(v string) error {
+		c.scenarios = strings.Split(v, ",")
+		return nil
+	})
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
 	flag.StringVar(&c.scaleResults, "scale-results", "bench/results/scale", "Directory for the JSON results and the plot of --scale, relative to the repository; the page has a section from each.")
