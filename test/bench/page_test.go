@@ -2,6 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,7 +13,8 @@ import (
 )
 
 // TestPageFromResults: the page make bench writes from the committed results opens with when it
-// pays, names every compared scenario, stays under 15 KB and quotes no commit.
+// pays, names every compared scenario (and every scale scenario, once make bench-scale's results
+// are committed), stays under 15 KB and quotes no commit.
 func TestPageFromResults(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("..", "..", "bench", "results", "results.json"))
 	if err != nil {
@@ -20,8 +24,14 @@ func TestPageFromResults(t *testing.T) {
 	if err := json.Unmarshal(data, report); err != nil {
 		t.Fatal(err)
 	}
+	scale, err := loadReport(filepath.Join("..", ".."), filepath.Join("bench", "results", "scale"))
+	if errors.Is(err, fs.ErrNotExist) {
+		scale = nil
+	} else if err != nil {
+		t.Fatal(err)
+	}
 	path := filepath.Join(t.TempDir(), "benchmarks.md")
-	if err := writePage(path, report, nil); err != nil {
+	if err := writePage(path, report, scale); err != nil {
 		t.Fatal(err)
 	}
 	page, err := os.ReadFile(path)
@@ -38,6 +48,17 @@ func TestPageFromResults(t *testing.T) {
 	for _, q := range report.Comparisons {
 		if !strings.Contains(text, "| "+q.Setting+" | "+q.Scenario+" | ") {
 			t.Errorf("no row for %s/%s", q.Setting, q.Scenario)
+		}
+	}
+	if scale != nil {
+		_, section, found := strings.Cut(text, "## At scale")
+		if !found {
+			t.Fatal("scale results, but no At scale section")
+		}
+		for _, row := range scaleRows(scale) {
+			if !strings.Contains(section, fmt.Sprintf("| %s | %s | %d | %d |", row.setting, row.scenario, row.machines, row.reps)) {
+				t.Errorf("no At scale row for %s/%s", row.setting, row.scenario)
+			}
 		}
 	}
 	if hash := regexp.MustCompile(`\b[0-9a-f]*[a-f][0-9a-f]*[0-9][0-9a-f]*\b|\b[0-9a-f]*[0-9][0-9a-f]*[a-f][0-9a-f]*\b`).FindAllString(text, -1); len(hash) > 0 {
