@@ -154,11 +154,12 @@ func scaleRows(r *Report) []scaleRow {
 
 // writeScaleSection writes the page's section on the scale run.
 func writeScaleSection(b *bytes.Buffer, r *Report) {
-	fmt.Fprintf(b, "\n## At scale\n\nWritten by `make bench-scale` from `bench/results/scale/results.json` (%s to %s UTC). Beside a standing fleet of %d Ready machines over %d namespaces, written directly as a restore from backup would, stock, preallocated and, in the slow arrival, the no-op webhook take turns. Each scenario spreads its Metal3DataClaims over 10 templates; the backlog holds CAPM3's Metal3Data controller while they arrive (its IPAM with raised limits, as above)%s. Times are means over the repetitions, in seconds.\n",
+	fmt.Fprintf(b, "\n## At scale\n\nWritten by `make bench-scale` (`go run ./bench --scale`; the runs column says how many pairs ran) from `bench/results/scale/results.json` (%s to %s UTC). Beside a standing fleet of %d Ready machines over %d namespaces, written directly as a restore from backup would, stock, preallocated and, in the slow arrival, the no-op webhook take turns. Each scenario spreads its Metal3DataClaims over 10 templates; the backlog holds CAPM3's Metal3Data controller while they arrive (its IPAM with raised limits, as above)%s. Times are means over the repetitions, in seconds.\n",
 		r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.UTC().Format("15:04"), r.Fleet, fleetNamespaces, slowClause(r.SlowRate))
+	rows := scaleRows(r)
 	fmt.Fprintln(b, "\n| setting | scenario | machines | runs of each mode | stock: total, p50, p99 | preallocated: total, p50, p99 | total ratio | target | claims preallocated (least of the runs) | Metal3Data create at the API server p50 / p99 (ms): stock, preallocated | p99 bound: one claim write over the no-op webhook's (*) or stock's | verdict |")
 	fmt.Fprintln(b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-	for _, row := range scaleRows(r) {
+	for _, row := range rows {
 		target := "–"
 		if t, ok := scaleTargets[row.scenario]; ok {
 			target = fmt.Sprintf("≤ %.2f", t)
@@ -176,7 +177,7 @@ func writeScaleSection(b *bytes.Buffer, r *Report) {
 	fmt.Fprintln(b, "\nPer Metal3Data, means over the repetitions: CAPM3's reconciles and API requests, the Metal3 IPAM's API requests, and the CPU time (ms) of the webhook and of the API server.")
 	fmt.Fprintln(b, "\n| setting | scenario | mode | CAPM3 reconciles | CAPM3 requests | Metal3 IPAM requests | webhook CPU | API server CPU |")
 	fmt.Fprintln(b, "|---|---|---|---:|---:|---:|---:|---:|")
-	for _, row := range scaleRows(r) {
+	for _, row := range rows {
 		for _, m := range []struct {
 			mode string
 			f    modeFigures
@@ -185,7 +186,7 @@ func writeScaleSection(b *bytes.Buffer, r *Report) {
 				m.f.reconciles, m.f.capm3Requests, m.f.ipamRequests, 1000*m.f.webhookCPU, 1000*m.f.apiserverCPU)
 		}
 	}
-	for _, row := range scaleRows(r) {
+	for _, row := range rows {
 		if row.held > 0 {
 			fmt.Fprintf(b, "\nThe %s backlog held at most %d of %d Metal3Data when CAPM3's controller was let go.\n", row.setting, row.held, row.machines)
 		}
