@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	"github.com/metal3-io/ip-address-manager/ipam"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,7 +35,9 @@ import (
 //     first, on the claim the address names (same UID, not being deleted), or nothing is created;
 //     and taken off again when the create fails (a namespace being deleted refuses new objects):
 //     the pool counts its IPAddresses, not its claims' finalizers, before it lets itself go, and a
-//     claim keeping a finalizer of a pool that is gone stays Terminating for ever;
+//     claim keeping a finalizer of a pool that is gone stays Terminating for ever; and the
+//     claim is read again once the address exists: a DELETE that read it before the finalizer
+//     was saved removes it all the same (kubernetes/kubernetes#77988), and the address is freed;
 //   - for the same reason, a pool being deleted lets itself go once it counts no IPAddress, while
 //     claims of it may still carry its finalizer: the pool keeps its own finalizer until none
 //     does, and its next passes, woken by the claims' deletion, free them.
@@ -83,10 +86,13 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 				return err
 			}
 			err = c.Create(ctx, obj, opts...)
-			if err != nil && added {
+			switch {
+			case err != nil && added:
 				if undo := unfinalizeClaim(ctx, c, claim); undo != nil {
 					return errors.Join(err, undo)
 				}
+			case err == nil && added:
+				return freeIfClaimGone(ctx, c, claim, address)
 			}
 			return err
 		},
@@ -169,4 +175,26 @@ func unfinalizeClaim(ctx context.Context, c client.Client, claim *ipamv1.IPClaim
 		}
 		return nil
 	})
+}
+
+// freeIfClaimGone deletes address again when its claim went while the address was created: the
+// API server lets a DELETE that read the claim without finalizers remove it even after the IPAM's
+// was saved. The IPAM then retries the pool, without writing an error into a claim of that name.
+func freeIfClaimGone(ctx context.Context, c client.Client, claim *ipamv1.IPClaim, address *ipamv1.IPAddress) error {
+	live := &ipamv1.IPClaim{}
+	err := c.Get(ctx, client.ObjectKeyFromObject(claim), live)
+	if err == nil && live.UID == claim.UID || err != nil && !apierrors.IsNotFound(err) {
+		return client.IgnoreNotFound(err)
+	}
+	ops, err := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/uid", "value": address.UID}, {"op": "remove", "path": "/metadata/finalizers"}})
+	if err != nil {
+		return err
+	}
+	if err := c.Patch(ctx, address, client.RawPatch(types.JSONPatchType, ops)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("taking the finalizer off IPAddress %s/%s, whose IPClaim was deleted under the IPAM's finalizer: %w", address.Namespace, address.Name, err)
+	}
+	if err := c.Delete(ctx, address, client.Preconditions{UID: &address.UID}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting IPAddress %s/%s, whose IPClaim was deleted under the IPAM's finalizer: %w", address.Namespace, address.Name, err)
+	}
+	return ipam.WithTransientError(fmt.Errorf("IPClaim %s/%s was deleted while its IPAddress was created", claim.Namespace, claim.Name), 0)
 }

@@ -2,7 +2,9 @@ package stack
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
@@ -74,6 +76,64 @@ func TestCorrectedIPAMFinalizesTheClaimFirst(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCorrectedIPAMFreesTheAddressOfAClaimDeletedUnderIt races the double's IPAddress create with
+// a DELETE of its claim, as CAPM3 deletes a claim it no longer needs: the API server removes a
+// claim whose DELETE read it without finalizers even after the IPAM's is saved, and no IPAddress
+// may outlive its claim then.
+func TestCorrectedIPAMFreesTheAddressOfAClaimDeletedUnderIt(t *testing.T) {
+	ctx := context.Background()
+	cp, c := startWithCorrectedClient(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "corrected-"}}
+	if err := cp.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	deletedUnder := 0
+	for i := range 300 {
+		claim := &ipamv1.IPClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("claim-%d", i), Namespace: ns.Name},
+			Spec:       ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: "pool"}},
+		}
+		if err := cp.Client.Create(ctx, claim); err != nil {
+			t.Fatal(err)
+		}
+		address := &ipamv1.IPAddress{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("pool-10-0-%d-%d", i/256, i%256), Namespace: ns.Name, Finalizers: []string{ipamv1.IPAddressFinalizer},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: ipamv1.GroupVersion.String(), Kind: "IPClaim", Name: claim.Name, UID: claim.UID}}},
+			Spec: ipamv1.IPAddressSpec{Address: "10.0.0.1", Pool: corev1.ObjectReference{Name: "pool"}, Claim: corev1.ObjectReference{Name: claim.Name}},
+		}
+		deleted := make(chan error, 1)
+		go func() { deleted <- cp.Client.Delete(ctx, claim.DeepCopy()) }()
+		createErr := c.Create(ctx, address)
+		if err := <-deleted; err != nil {
+			t.Fatal(err)
+		}
+		err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim)
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		if createErr != nil && strings.Contains(createErr.Error(), "was deleted while its IPAddress was created") {
+			deletedUnder++
+		}
+		if err == nil {
+			// The finalizer was saved first: the claim waits, Terminating, for the IPAM.
+			claim.Finalizers = nil
+			if err := cp.Client.Update(ctx, claim); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		live := &ipamv1.IPAddress{}
+		if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: ns.Name, Name: address.Name}, live); !apierrors.IsNotFound(err) {
+			t.Errorf("%s outlived its claim %s (create: %v): %v", address.Name, claim.Name, createErr, err)
+		}
+	}
+	// The race is what is tested: without it this test proves nothing.
+	if deletedUnder == 0 {
+		t.Error("no claim of 300 was deleted while its IPAddress was created: the race did not happen")
+	}
+	t.Logf("claims deleted while their IPAddress was created: %d of 300", deletedUnder)
 }
 
 // TestCorrectedIPAMPoolWaitsForItsClaims: a pool being deleted keeps its finalizer while a claim
