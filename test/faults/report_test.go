@@ -469,7 +469,7 @@ func (r *suiteReport) knownProblems() []string {
 		"The double saves the claim's finalizer before it creates the IPAddress, which exposes one more race,",
 		"the API server's (kubernetes/kubernetes#77988): CAPM3 deletes a claim it has taken its finalizer off",
 		"without preconditions, and a DELETE that read the claim without finalizers removes it even after",
-		"the IPAM's is saved. The double reads the claim again once the address exists and frees it.",
+		"the IPAM's is saved. The double saves its finalizer only on a claim that still has another.",
 	}
 }
 

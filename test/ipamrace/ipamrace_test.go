@@ -22,7 +22,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/test/harness"
@@ -98,7 +100,7 @@ func run(m *testing.M) int {
 // answered waits until the IPAM of ns answers a claim, and deletes it.
 func answered(ctx context.Context, ns string) error {
 	probe := &ipamv1.IPClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: ns},
+		ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: ns, Finalizers: []string{keep}},
 		Spec:       ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: "pool", Namespace: ns}},
 	}
 	if err := cp.Client.Create(ctx, probe); err != nil {
@@ -112,7 +114,17 @@ func answered(ctx context.Context, ns string) error {
 			return err
 		}
 	}
-	return cp.Client.Delete(ctx, probe)
+	if err := cp.Client.Delete(ctx, probe); err != nil {
+		return err
+	}
+	// As CAPM3 releases a claim: its finalizer off once the Metal3Data is going.
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(probe), probe); err != nil {
+			return err
+		}
+		controllerutil.RemoveFinalizer(probe, keep)
+		return cp.Client.Update(ctx, probe)
+	})
 }
 
 func TestRealIPAMLeaks(t *testing.T) {

@@ -8,7 +8,6 @@ import (
 	"slices"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
-	"github.com/metal3-io/ip-address-manager/ipam"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,7 +22,7 @@ import (
 )
 
 // The corrected IPAM is a test double, never shipped: the Metal3 IPAM v1.13.2's own code, run with
-// the three races the fault suite drives it into taken out, so that what the suite still finds is
+// the races the fault suite drives it into taken out, so that what the suite still finds is
 // ours:
 //   - two IPPool controllers reconcile every claim of a pool, each from its own snapshot: only
 //     the IPClaim one runs;
@@ -35,15 +34,19 @@ import (
 //     first, on the claim the address names (same UID, not being deleted), or nothing is created;
 //     and taken off again when the create fails (a namespace being deleted refuses new objects):
 //     the pool counts its IPAddresses, not its claims' finalizers, before it lets itself go, and a
-//     claim keeping a finalizer of a pool that is gone stays Terminating for ever; and the
-//     claim is read again once the address exists: a DELETE that read it before the finalizer
-//     was saved removes it all the same (kubernetes/kubernetes#77988), and the address is freed;
+//     claim keeping a finalizer of a pool that is gone stays Terminating for ever. Only a claim
+//     someone still holds (a finalizer, as CAPM3 keeps until it releases the claim) takes it:
+//     a DELETE that read the claim without finalizers removes it even after one is saved
+//     (kubernetes/kubernetes#77988), and nobody would free the address;
 //   - for the same reason, a pool being deleted lets itself go once it counts no IPAddress, while
 //     claims of it may still carry its finalizer: the pool keeps its own finalizer until none
-//     does, and its next passes, woken by the claims' deletion, free them.
+//     does, and its next passes, woken by the claims' deletion, free them;
+//   - the IPAM patches the claims it listed at the start of a pass by name: a claim deleted and
+//     created again meanwhile takes the old one's finalizer and error, and is never answered.
+//     Its patches of a claim are bound to the claim's UID.
 
-// correctedIPAMClient wraps the IPAM's client: uncached reads of what allocation depends on, and
-// the claim's finalizer saved before its IPAddress is created.
+// correctedIPAMClient wraps the IPAM's client: uncached reads of what allocation depends on, the
+// claim's finalizer saved before its IPAddress is created, and patches bound to the claim read.
 func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, error) {
 	if o.Cache == nil {
 		o.Cache = &client.CacheOptions{}
@@ -86,13 +89,10 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 				return err
 			}
 			err = c.Create(ctx, obj, opts...)
-			switch {
-			case err != nil && added:
+			if err != nil && added {
 				if undo := unfinalizeClaim(ctx, c, claim); undo != nil {
 					return errors.Join(err, undo)
 				}
-			case err == nil && added:
-				return freeIfClaimGone(ctx, c, claim, address)
 			}
 			return err
 		},
@@ -102,9 +102,52 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 					return err
 				}
 			}
-			return c.Patch(ctx, obj, patch, opts...)
+			return c.Patch(ctx, obj, sameClaim(obj, patch), opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, subResource string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if claim, ok := obj.(*ipamv1.IPClaim); ok && subResource == "status" && claim.UID != "" {
+				// The status subresource ignores metadata: a test of the UID guards it instead.
+				// Only the IPAM writes an IPClaim's status, so it is written whole.
+				ops, err := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/uid", "value": claim.UID}, {"op": "add", "path": "/status", "value": claim.Status}})
+				if err != nil {
+					return err
+				}
+				patch = client.RawPatch(types.JSONPatchType, ops)
+			}
+			return c.SubResource(subResource).Patch(ctx, obj, patch, opts...)
 		},
 	}), nil
+}
+
+// sameClaim binds a merge patch of an IPClaim to the claim's UID: the IPAM patches the claims it
+// listed at the start of a pass by name, and one deleted and created again meanwhile would take
+// the old one's finalizer and error message, and never be answered. The API server refuses a
+// patch that changes metadata.uid.
+func sameClaim(obj client.Object, patch client.Patch) client.Patch {
+	if _, ok := obj.(*ipamv1.IPClaim); !ok || obj.GetUID() == "" || patch.Type() != types.MergePatchType {
+		return patch
+	}
+	return uidBound{Patch: patch}
+}
+
+type uidBound struct{ client.Patch }
+
+func (p uidBound) Data(obj client.Object) ([]byte, error) {
+	data, err := p.Patch.Data(obj)
+	if err != nil {
+		return nil, err
+	}
+	merge := map[string]any{}
+	if err := json.Unmarshal(data, &merge); err != nil {
+		return nil, fmt.Errorf("reading the IPAM's merge patch of IPClaim %s/%s: %w", obj.GetNamespace(), obj.GetName(), err)
+	}
+	metadata, _ := merge["metadata"].(map[string]any)
+	if metadata == nil {
+		metadata = map[string]any{}
+	}
+	metadata["uid"] = obj.GetUID()
+	merge["metadata"] = metadata
+	return json.Marshal(merge)
 }
 
 // poolMayGo refuses to let a pool being deleted drop its finalizer while a claim of it still
@@ -126,9 +169,10 @@ func poolMayGo(ctx context.Context, c client.Client, pool *ipamv1.IPPool) error 
 	return nil
 }
 
-// finalizeClaimFirst saves the IPAM's finalizer on the claim address is for, from a live read, or
-// fails when that claim is gone, replaced or being deleted; the IPAM then retries the pool. It
-// returns the claim and whether the finalizer was added here.
+// finalizeClaimFirst saves the IPAM's finalizer on the claim address is for, from a live read and
+// while its finalizers are still those read, or fails when that claim is gone, replaced, being
+// deleted or held by nobody; the IPAM then retries the pool. It returns the claim and whether the
+// finalizer was added here.
 func finalizeClaimFirst(ctx context.Context, c client.Client, address *ipamv1.IPAddress) (*ipamv1.IPClaim, bool, error) {
 	i := slices.IndexFunc(address.OwnerReferences, func(ref metav1.OwnerReference) bool { return ref.Kind == "IPClaim" })
 	if i < 0 {
@@ -146,11 +190,15 @@ func finalizeClaimFirst(ctx context.Context, c client.Client, address *ipamv1.IP
 	if slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer) {
 		return claim, false, nil
 	}
-	add := map[string]any{"op": "add", "path": "/metadata/finalizers/-", "value": ipamv1.IPClaimFinalizer}
 	if len(claim.Finalizers) == 0 {
-		add = map[string]any{"op": "add", "path": "/metadata/finalizers", "value": []string{ipamv1.IPClaimFinalizer}}
+		return nil, false, apierrors.NewConflict(ipamv1.GroupVersion.WithResource("ipclaims").GroupResource(), claim.Name,
+			fmt.Errorf("nobody holds the IPClaim the address was allocated for: it is being let go"))
 	}
-	ops, err := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/uid", "value": owner.UID}, add})
+	ops, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": "/metadata/uid", "value": owner.UID},
+		{"op": "test", "path": "/metadata/finalizers", "value": claim.Finalizers},
+		{"op": "add", "path": "/metadata/finalizers/-", "value": ipamv1.IPClaimFinalizer},
+	})
 	if err != nil {
 		return nil, false, err
 	}
@@ -175,26 +223,4 @@ func unfinalizeClaim(ctx context.Context, c client.Client, claim *ipamv1.IPClaim
 		}
 		return nil
 	})
-}
-
-// freeIfClaimGone deletes address again when its claim went while the address was created: the
-// API server lets a DELETE that read the claim without finalizers remove it even after the IPAM's
-// was saved. The IPAM then retries the pool, without writing an error into a claim of that name.
-func freeIfClaimGone(ctx context.Context, c client.Client, claim *ipamv1.IPClaim, address *ipamv1.IPAddress) error {
-	live := &ipamv1.IPClaim{}
-	err := c.Get(ctx, client.ObjectKeyFromObject(claim), live)
-	if err == nil && live.UID == claim.UID || err != nil && !apierrors.IsNotFound(err) {
-		return client.IgnoreNotFound(err)
-	}
-	ops, err := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/uid", "value": address.UID}, {"op": "remove", "path": "/metadata/finalizers"}})
-	if err != nil {
-		return err
-	}
-	if err := c.Patch(ctx, address, client.RawPatch(types.JSONPatchType, ops)); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("taking the finalizer off IPAddress %s/%s, whose IPClaim was deleted under the IPAM's finalizer: %w", address.Namespace, address.Name, err)
-	}
-	if err := c.Delete(ctx, address, client.Preconditions{UID: &address.UID}); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("deleting IPAddress %s/%s, whose IPClaim was deleted under the IPAM's finalizer: %w", address.Namespace, address.Name, err)
-	}
-	return ipam.WithTransientError(fmt.Errorf("IPClaim %s/%s was deleted while its IPAddress was created", claim.Namespace, claim.Name), 0)
 }

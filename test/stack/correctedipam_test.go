@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
@@ -78,21 +78,22 @@ func TestCorrectedIPAMFinalizesTheClaimFirst(t *testing.T) {
 	}
 }
 
-// TestCorrectedIPAMFreesTheAddressOfAClaimDeletedUnderIt races the double's IPAddress create with
-// a DELETE of its claim, as CAPM3 deletes a claim it no longer needs: the API server removes a
-// claim whose DELETE read it without finalizers even after the IPAM's is saved, and no IPAddress
-// may outlive its claim then.
-func TestCorrectedIPAMFreesTheAddressOfAClaimDeletedUnderIt(t *testing.T) {
+// TestCorrectedIPAMFinalizesOnlyAHeldClaim races the double's IPAddress create with CAPM3's
+// release of a claim (its finalizer taken off, then a DELETE without preconditions): the API
+// server removes a claim whose DELETE read it without finalizers even after the IPAM's is saved
+// (kubernetes/kubernetes#77988), and no IPAddress may outlive its claim then.
+func TestCorrectedIPAMFinalizesOnlyAHeldClaim(t *testing.T) {
 	ctx := context.Background()
 	cp, c := startWithCorrectedClient(t)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "corrected-"}}
 	if err := cp.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
-	deletedUnder := 0
-	for i := range 300 {
+	const keep, tries = "metal3data.infrastructure.cluster.x-k8s.io", 300
+	overlapped := 0
+	for i := range tries {
 		claim := &ipamv1.IPClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("claim-%d", i), Namespace: ns.Name},
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("claim-%d", i), Namespace: ns.Name, Finalizers: []string{keep}},
 			Spec:       ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: "pool"}},
 		}
 		if err := cp.Client.Create(ctx, claim); err != nil {
@@ -103,26 +104,35 @@ func TestCorrectedIPAMFreesTheAddressOfAClaimDeletedUnderIt(t *testing.T) {
 				OwnerReferences: []metav1.OwnerReference{{APIVersion: ipamv1.GroupVersion.String(), Kind: "IPClaim", Name: claim.Name, UID: claim.UID}}},
 			Spec: ipamv1.IPAddressSpec{Address: "10.0.0.1", Pool: corev1.ObjectReference{Name: "pool"}, Claim: corev1.ObjectReference{Name: claim.Name}},
 		}
-		deleted := make(chan error, 1)
-		go func() { deleted <- cp.Client.Delete(ctx, claim.DeepCopy()) }()
+		released := make(chan error, 1)
+		go func() {
+			held := claim.DeepCopy()
+			held.Finalizers = nil
+			if err := cp.Client.Update(ctx, held); err != nil {
+				released <- err
+				return
+			}
+			released <- cp.Client.Delete(ctx, held)
+		}()
 		createErr := c.Create(ctx, address)
-		if err := <-deleted; err != nil {
+		if err := <-released; err != nil && !apierrors.IsConflict(err) {
 			t.Fatal(err)
 		}
 		err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim)
 		if err != nil && !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
-		if createErr != nil && strings.Contains(createErr.Error(), "was deleted while its IPAddress was created") {
-			deletedUnder++
-		}
 		if err == nil {
-			// The finalizer was saved first: the claim waits, Terminating, for the IPAM.
+			// The IPAM's finalizer was saved first: CAPM3's release met a conflict, or the claim
+			// waits, Terminating, for the IPAM.
 			claim.Finalizers = nil
 			if err := cp.Client.Update(ctx, claim); err != nil {
 				t.Fatal(err)
 			}
 			continue
+		}
+		if createErr != nil {
+			overlapped++
 		}
 		live := &ipamv1.IPAddress{}
 		if err := cp.Client.Get(ctx, client.ObjectKey{Namespace: ns.Name, Name: address.Name}, live); !apierrors.IsNotFound(err) {
@@ -130,10 +140,68 @@ func TestCorrectedIPAMFreesTheAddressOfAClaimDeletedUnderIt(t *testing.T) {
 		}
 	}
 	// The race is what is tested: without it this test proves nothing.
-	if deletedUnder == 0 {
-		t.Error("no claim of 300 was deleted while its IPAddress was created: the race did not happen")
+	if overlapped == 0 {
+		t.Errorf("no create of %d met its claim being released", tries)
 	}
-	t.Logf("claims deleted while their IPAddress was created: %d of 300", deletedUnder)
+	t.Logf("creates that met their claim being released and were refused: %d of %d", overlapped, tries)
+}
+
+// TestCorrectedIPAMPatchesOnlyTheClaimItRead: the IPAM's patches of a claim it listed land on
+// that claim, not on one created again under its name meanwhile, which would take the old one's
+// finalizer and error and never be answered.
+func TestCorrectedIPAMPatchesOnlyTheClaimItRead(t *testing.T) {
+	ctx := context.Background()
+	cp, c := startWithCorrectedClient(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "corrected-"}}
+	if err := cp.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	claim := &ipamv1.IPClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "claim", Namespace: ns.Name},
+		Spec:       ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: "pool"}},
+	}
+	if err := cp.Client.Create(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	listed := claim.DeepCopy()
+	patchBoth := func() (spec, status error) {
+		before := listed.DeepCopy()
+		after := listed.DeepCopy()
+		after.Finalizers = []string{ipamv1.IPClaimFinalizer}
+		spec = c.Patch(ctx, after, client.MergeFrom(before))
+		after = listed.DeepCopy()
+		after.Status.ErrorMessage = ptr.To("Failed to create associated IPAddress object")
+		status = c.Status().Patch(ctx, after, client.MergeFrom(before))
+		return spec, status
+	}
+	if spec, status := patchBoth(); spec != nil || status != nil {
+		t.Fatalf("patching the claim it read: %v, its status: %v", spec, status)
+	}
+	if err := cp.Client.Delete(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	live := &ipamv1.IPClaim{}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), live); err != nil {
+		t.Fatal(err)
+	}
+	live.Finalizers = nil
+	if err := cp.Client.Update(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	again := &ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{Name: claim.Name, Namespace: ns.Name}, Spec: claim.Spec}
+	if err := cp.Client.Create(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	spec, status := patchBoth()
+	if spec == nil || status == nil {
+		t.Errorf("patching a claim created again under the name it read: %v, its status: %v; want both refused", spec, status)
+	}
+	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(again), again); err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Finalizers) > 0 || again.Status.ErrorMessage != nil {
+		t.Errorf("the claim created again took the old one's finalizers %v and error %v", again.Finalizers, ptr.Deref(again.Status.ErrorMessage, ""))
+	}
 }
 
 // TestCorrectedIPAMPoolWaitsForItsClaims: a pool being deleted keeps its finalizer while a claim
