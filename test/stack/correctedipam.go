@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -66,6 +67,7 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 		obj.GetObjectKind().SetGroupVersionKind(gvk)
 		return nil
 	}
+	listed := &listedClaims{uids: map[string]types.UID{}}
 	return interceptor.NewClient(c, interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 			if err := c.Get(ctx, key, obj, opts...); err != nil {
@@ -77,7 +79,12 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 			if err := c.List(ctx, list, opts...); err != nil {
 				return err
 			}
-			return meta.EachListItem(list, typed)
+			return meta.EachListItem(list, func(obj runtime.Object) error {
+				if claim, ok := obj.(*ipamv1.IPClaim); ok {
+					listed.remember(claim)
+				}
+				return typed(obj)
+			})
 		},
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 			address, ok := obj.(*ipamv1.IPAddress)
@@ -105,10 +112,10 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 			return c.Patch(ctx, obj, sameClaim(obj, patch), opts...)
 		},
 		SubResourcePatch: func(ctx context.Context, c client.Client, subResource string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			if claim, ok := obj.(*ipamv1.IPClaim); ok && subResource == "status" && claim.UID != "" {
+			if claim, ok := obj.(*ipamv1.IPClaim); ok && subResource == "status" && listed.uid(claim) != "" {
 				// The status subresource ignores metadata: a test of the UID guards it instead.
 				// Only the IPAM writes an IPClaim's status, so it is written whole.
-				ops, err := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/uid", "value": claim.UID}, {"op": "add", "path": "/status", "value": claim.Status}})
+				ops, err := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/uid", "value": listed.uid(claim)}, {"op": "add", "path": "/status", "value": claim.Status}})
 				if err != nil {
 					return err
 				}
@@ -117,6 +124,32 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 			return c.SubResource(subResource).Patch(ctx, obj, patch, opts...)
 		},
 	}), nil
+}
+
+// listedClaims remembers the UID of each IPClaim version the IPAM listed: the patch helper it
+// writes a claim's status with sends the name and resourceVersion read, not the UID.
+type listedClaims struct {
+	mu   sync.Mutex
+	uids map[string]types.UID
+}
+
+func versionKey(claim *ipamv1.IPClaim) string {
+	return claim.Namespace + "/" + claim.Name + "@" + claim.ResourceVersion
+}
+
+func (l *listedClaims) remember(claim *ipamv1.IPClaim) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.uids[versionKey(claim)] = claim.UID
+}
+
+func (l *listedClaims) uid(claim *ipamv1.IPClaim) types.UID {
+	if claim.UID != "" {
+		return claim.UID
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.uids[versionKey(claim)]
 }
 
 // sameClaim binds a merge patch of an IPClaim to the claim's UID: the IPAM patches the claims it
