@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../test"
 # suite  typical-seconds  timeout  [go test flags]
 suites=(
   "./harness        120  8m"
-  "./stack           25  3m"
+  "./stack           50  3m"
   "./equivalence     10  3m"
   "./e2e             45  5m"
   "./install        125  8m"
