@@ -248,6 +248,27 @@ func TestCheckUnfaultedDeletion(t *testing.T) {
 	}
 }
 
+// TestCheckLateNamespaceSaysWhatIsLeft: a late namespace's evidence names the finalizers still held
+// and the claims the webhook preallocated and never handed over.
+func TestCheckLateNamespaceSaysWhatIsLeft(t *testing.T) {
+	now := metav1.Now()
+	items := []metav1.PartialObjectMetadata{
+		{ObjectMeta: metav1.ObjectMeta{Name: "a", DeletionTimestamp: &now, Finalizers: []string{infrav1.DataFinalizer, ipamv1.IPClaimFinalizer},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Metal3Data", Name: "d", Controller: ptr.To(true)}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "b", Finalizers: []string{ipamv1.IPClaimFinalizer},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Metal3Data", Name: "e", UID: "e", Controller: ptr.To(true)}}}},
+	}
+	got := describeLeft(ipamv1.GroupVersion.WithKind("IPClaim").GroupKind(), items)
+	want := "2 IPClaim.ipam.metal3.io (1 being deleted, 1 preallocated and not handed over, 2 with " +
+		ipamv1.IPClaimFinalizer + ", 1 with " + infrav1.DataFinalizer + ")"
+	if got != want {
+		t.Errorf("describeLeft = %q, want %q", got, want)
+	}
+	if got := describeLeft(ipamv1.GroupVersion.WithKind("IPClaim").GroupKind(), nil); got != "" {
+		t.Errorf("describeLeft of nothing = %q, want empty", got)
+	}
+}
+
 // TestCheckFailuresAgainstStock: a scenario with a baseline fails for a count above stock's bound,
 // not for one within it, and fails when its baseline is missing.
 func TestCheckFailuresAgainstStock(t *testing.T) {

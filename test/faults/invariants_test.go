@@ -13,6 +13,8 @@ import (
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -421,7 +423,7 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 			if err != nil {
 				// What the namespace controller waits for at the deadline; then a while longer,
 				// to tell slow from stuck.
-				remaining = namespaceConditions(ctx, ns)
+				remaining = namespaceConditions(ctx, ns) + namespaceLeft(ctx, ns)
 				err = waitGone(ctx, obj, namespaceDeadline+30*time.Second-time.Since(start))
 			}
 			results <- result{ns: ns, took: time.Since(start), err: err, remaining: remaining}
@@ -463,4 +465,65 @@ func namespaceConditions(ctx context.Context, ns string) string {
 		}
 	}
 	return "; namespace controller: " + strings.Join(out, "; ")
+}
+
+// leftKinds are the kinds whose finalizers a namespace of the suite waits for.
+var leftKinds = []schema.GroupVersionKind{
+	allocation.Metal3DataGVK,
+	infrav1.GroupVersion.WithKind("Metal3DataClaim"),
+	infrav1.GroupVersion.WithKind("Metal3Machine"),
+	allocation.IPClaimGVK,
+	allocation.Metal3AddressGVK,
+	allocation.IPAddressClaimGVK,
+	capipamv1.GroupVersion.WithKind("IPAddress"),
+}
+
+// namespaceLeft lists what a namespace still holds at the deadline: the namespace controller's
+// conditions are those of its last pass, up to 15 s old, and do not say whose finalizer it waits for.
+func namespaceLeft(ctx context.Context, ns string) string {
+	var out []string
+	for _, gvk := range leftKinds {
+		list := &metav1.PartialObjectMetadataList{}
+		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+		if err := cp.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+			out = append(out, fmt.Sprintf("%s: listing: %v", gvk.GroupKind(), err))
+			continue
+		}
+		if s := describeLeft(gvk.GroupKind(), list.Items); s != "" {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return "; left: none of the suite's kinds"
+	}
+	return "; left: " + strings.Join(out, "; ")
+}
+
+// describeLeft counts objects by the finalizers they carry, and claims the webhook preallocated
+// that were never handed over (their owner reference has no UID): the webhook's share of the wait.
+func describeLeft(kind schema.GroupKind, items []metav1.PartialObjectMetadata) string {
+	if len(items) == 0 {
+		return ""
+	}
+	finalizers := map[string]int{}
+	deleting, notHandedOver := 0, 0
+	for _, o := range items {
+		for _, f := range o.Finalizers {
+			finalizers[f]++
+		}
+		if o.DeletionTimestamp != nil {
+			deleting++
+		}
+		if ref := metav1.GetControllerOf(&o); ref != nil && ref.Kind == "Metal3Data" && ref.UID == "" {
+			notHandedOver++
+		}
+	}
+	s := fmt.Sprintf("%d %s (%d being deleted", len(items), kind, deleting)
+	if notHandedOver > 0 {
+		s += fmt.Sprintf(", %d preallocated and not handed over", notHandedOver)
+	}
+	for _, f := range slices.Sorted(maps.Keys(finalizers)) {
+		s += fmt.Sprintf(", %d with %s", finalizers[f], f)
+	}
+	return s + ")"
 }
