@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/test/harness"
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
@@ -254,7 +255,7 @@ func TestCheckLateNamespaceSaysWhatIsLeft(t *testing.T) {
 	now := metav1.Now()
 	items := []metav1.PartialObjectMetadata{
 		{ObjectMeta: metav1.ObjectMeta{Name: "a", DeletionTimestamp: &now, Finalizers: []string{infrav1.DataFinalizer, ipamv1.IPClaimFinalizer},
-			OwnerReferences: []metav1.OwnerReference{{Kind: "Metal3Data", Name: "d", Controller: ptr.To(true)}}}},
+			Annotations: map[string]string{allocation.PreallocatedForAnnotation: "d"}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "b", Finalizers: []string{ipamv1.IPClaimFinalizer},
 			OwnerReferences: []metav1.OwnerReference{{Kind: "Metal3Data", Name: "e", UID: "e", Controller: ptr.To(true)}}}},
 	}

@@ -499,8 +499,8 @@ func namespaceLeft(ctx context.Context, ns string) string {
 	return "; left: " + strings.Join(out, "; ")
 }
 
-// describeLeft counts objects by the finalizers they carry, and claims the webhook preallocated
-// that were never handed over (their owner reference has no UID): the webhook's share of the wait.
+// describeLeft counts objects by the finalizers they carry, and the claims the webhook preallocated
+// that were never handed over: the webhook's share of the wait.
 func describeLeft(kind schema.GroupKind, items []metav1.PartialObjectMetadata) string {
 	if len(items) == 0 {
 		return ""
@@ -514,7 +514,7 @@ func describeLeft(kind schema.GroupKind, items []metav1.PartialObjectMetadata) s
 		if o.DeletionTimestamp != nil {
 			deleting++
 		}
-		if ref := metav1.GetControllerOf(&o); ref != nil && ref.Kind == "Metal3Data" && ref.UID == "" {
+		if _, ok := o.Annotations[allocation.PreallocatedForAnnotation]; ok {
 			notHandedOver++
 		}
 	}
