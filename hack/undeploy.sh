@@ -3,11 +3,11 @@
 #
 #  1. The mutating webhook configuration goes: the API server stops calling the webhook, no claim
 #     is preallocated any more, and CAPM3 creates the claims of every new Metal3Data itself.
-#  2. The release controller, still running, finishes every claim that waits for its Metal3Data:
-#     it hands it over when the Metal3Data is stored, or deletes it once --release-grace-period
-#     (2m by default) has passed without one, the IPAM has answered it and no Metal3DataClaim
-#     still waits for it; those two waits last at most --release-hold-limit (10m by default)
-#     more. A waiting claim carries the
+#  2. The replicas, still running, finish every claim that waits for its Metal3Data: each hands
+#     over its claims when the Metal3Data is stored, and the leader deletes one once
+#     --release-grace-period (2m by default) has passed without it, the IPAM has answered it and
+#     no Metal3DataClaim still waits for it; those waits last at most --release-hold-limit (10m by
+#     default) more. A waiting claim carries the
 #     ip-preallocator.metal3.io/preallocated-for annotation; a finished one does not exist or no
 #     longer carries it.
 #  3. Everything else goes: the Deployment, the validating webhook, RBAC, certificates, namespace.
@@ -27,7 +27,7 @@ waiting_claims='{range .items[?(@.metadata.annotations.ip-preallocator\.metal3\.
 echo "Removing the mutating webhook: no more preallocation"
 $kubectl delete mutatingwebhookconfiguration -l app.kubernetes.io/part-of=ip-preallocator --ignore-not-found
 
-echo "Waiting for the release controller to finish the claims that wait for their Metal3Data"
+echo "Waiting for the replicas to finish the claims that wait for their Metal3Data"
 deadline=$((SECONDS + timeout))
 while :; do
   waiting=$($kubectl get "$claims" --all-namespaces -o jsonpath="$waiting_claims")

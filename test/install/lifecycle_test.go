@@ -341,7 +341,7 @@ func testUninstall(t *testing.T, dep *harness.Deployment, w *world, dir, version
 
 	out := makeTarget(t, "undeploy", "RELEASE_DIR="+dir, "IMG="+image(version), "VERSION="+version, "KUBECTL="+filepath.Join(cp.Root, "bin", "kubectl"))
 	t.Logf("make undeploy:\n%s", out)
-	steps := []string{"Removing the mutating webhook", "Waiting for the release controller", "Removing the rest"}
+	steps := []string{"Removing the mutating webhook", "Waiting for the replicas", "Removing the rest"}
 	last := -1
 	for _, step := range steps {
 		i := strings.Index(out, step)
