@@ -210,6 +210,17 @@ func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 			t.Errorf("metrics lack %s", want)
 		}
 	}
+	// The queries and alerts README.md gives operators select series this install exposes.
+	apiServerMetrics := kubectl(t, nil, "get", "--raw", "/metrics")
+	for _, s := range readmeSelectors(t) {
+		exposition := metrics
+		if strings.HasPrefix(s.name, "apiserver_") {
+			exposition = apiServerMetrics
+		}
+		if !s.matchesSeries(exposition) {
+			t.Errorf("README.md's %s matches no series", s.text)
+		}
+	}
 	return caBundle, pod
 }
 

@@ -1,0 +1,123 @@
+package install
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/metal3-community/ip-preallocator/test/harness"
+)
+
+// selector is one metric selector of a query README.md gives operators.
+type selector struct {
+	text, name string
+	matchers   []matcher
+}
+
+type matcher struct {
+	label, op, value string
+}
+
+var (
+	fencedBlock   = regexp.MustCompile("(?s)```(promql|yaml)\n(.*?)```")
+	metricSel     = regexp.MustCompile(`\b([a-z_:][a-z0-9_:]*)\{([^}]*)\}`)
+	labelMatcher  = regexp.MustCompile(`(\w+)\s*(=~|!=|!~|=)\s*"([^"]*)"`)
+	exposedLabels = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
+)
+
+// readmeSelectors reads the selectors of README.md's PromQL blocks and of its alerts.
+func readmeSelectors(t *testing.T) []selector {
+	t.Helper()
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []selector
+	for _, block := range fencedBlock.FindAllStringSubmatch(string(readme), -1) {
+		if block[1] == "yaml" && !strings.Contains(block[2], "alert:") {
+			continue
+		}
+		out = append(out, parseSelectors(block[2])...)
+	}
+	if len(out) == 0 {
+		t.Fatal("README.md has no PromQL selectors to check")
+	}
+	return out
+}
+
+func parseSelectors(query string) []selector {
+	var out []selector
+	for _, m := range metricSel.FindAllStringSubmatch(query, -1) {
+		s := selector{text: m[0], name: m[1]}
+		for _, l := range labelMatcher.FindAllStringSubmatch(m[2], -1) {
+			s.matchers = append(s.matchers, matcher{label: l[1], op: l[2], value: l[3]})
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// matchesSeries tells whether a series of the exposition text matches s, as Prometheus would.
+func (s selector) matchesSeries(exposition string) bool {
+	for _, line := range strings.Split(exposition, "\n") {
+		labels, ok := strings.CutPrefix(line, s.name+"{")
+		if !ok {
+			continue
+		}
+		series := map[string]string{}
+		for _, l := range exposedLabels.FindAllStringSubmatch(labels, -1) {
+			series[l[1]] = l[2]
+		}
+		if s.matchesLabels(series) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s selector) matchesLabels(series map[string]string) bool {
+	for _, m := range s.matchers {
+		v := series[m.label]
+		var ok bool
+		switch m.op {
+		case "=":
+			ok = v == m.value
+		case "!=":
+			ok = v != m.value
+		case "=~", "!~":
+			ok = regexp.MustCompile("^(?:"+m.value+")$").MatchString(v) == (m.op == "=~")
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func TestSelectorMatchesSeries(t *testing.T) {
+	exposition := `# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",group="infrastructure.cluster.x-k8s.io",resource="metal3datas",verb="POST",version="v1beta2"} 3
+ip_preallocator_admissions_total{outcome="partial",reason=""} 1
+`
+	for query, want := range map[string]bool{
+		`sum(rate(apiserver_request_total{resource="metal3datas",verb="POST"}[15m]))`:   true,
+		`sum(rate(apiserver_request_total{resource="metal3datas",verb="create"}[15m]))`: false,
+		`ip_preallocator_admissions_total{outcome=~"failed|partial"}`:                     true,
+		`ip_preallocator_admissions_total{outcome=~"failed"}`:                             false,
+		`ip_preallocator_claims_total{outcome="foreign"}`:                                 false,
+	} {
+		sels := parseSelectors(query)
+		if len(sels) != 1 {
+			t.Fatalf("%s: %d selectors", query, len(sels))
+		}
+		if got := sels[0].matchesSeries(exposition); got != want {
+			t.Errorf("%s matches: %v, want %v", query, got, want)
+		}
+	}
+}
