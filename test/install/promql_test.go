@@ -108,9 +108,9 @@ ip_preallocator_admissions_total{outcome="partial",reason=""} 1
 	for query, want := range map[string]bool{
 		`sum(rate(apiserver_request_total{resource="metal3datas",verb="POST"}[15m]))`:   true,
 		`sum(rate(apiserver_request_total{resource="metal3datas",verb="create"}[15m]))`: false,
-		`ip_preallocator_admissions_total{outcome=~"failed|partial"}`:                     true,
-		`ip_preallocator_admissions_total{outcome=~"failed"}`:                             false,
-		`ip_preallocator_claims_total{outcome="foreign"}`:                                 false,
+		`ip_preallocator_admissions_total{outcome=~"failed|partial"}`:                   true,
+		`ip_preallocator_admissions_total{outcome=~"failed"}`:                           false,
+		`ip_preallocator_claims_total{outcome="foreign"}`:                               false,
 	} {
 		sels := parseSelectors(query)
 		if len(sels) != 1 {
