@@ -5,9 +5,9 @@
 #     is preallocated any more, and CAPM3 creates the claims of every new Metal3Data itself.
 #  2. The replicas, still running, finish every claim that waits for its Metal3Data: each hands
 #     over its claims when the Metal3Data is stored, and the leader deletes one once
-#     --release-grace-period (2m by default) has passed without it, the IPAM has answered it and
-#     no Metal3DataClaim still waits for it; those waits last at most --release-hold-limit (10m by
-#     default) more. A waiting claim carries the
+#     --release-grace-period (2m by default) has passed without it, the IPAM has answered it, no
+#     Metal3DataClaim still waits for it and no other IPClaim of its pool waits for the IPAM;
+#     those waits last at most --release-hold-limit (10m by default) more. A waiting claim carries the
 #     ip-preallocator.metal3.io/preallocated-for annotation; a finished one does not exist or no
 #     longer carries it.
 #  3. Everything else goes: the Deployment, the validating webhook, RBAC, certificates, namespace.

@@ -258,9 +258,12 @@ func TestCheckLateNamespaceSaysWhatIsLeft(t *testing.T) {
 			Annotations: map[string]string{allocation.PreallocatedForAnnotation: "d"}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "b", Finalizers: []string{ipamv1.IPClaimFinalizer},
 			OwnerReferences: []metav1.OwnerReference{{Kind: "Metal3Data", Name: "e", UID: "e", Controller: ptr.To(true)}}}},
+		// Handed over: owned, whatever annotation is left.
+		{ObjectMeta: metav1.ObjectMeta{Name: "c", Annotations: map[string]string{allocation.PreallocatedForAnnotation: "f"},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Metal3Data", Name: "f", UID: "f", Controller: ptr.To(true)}}}},
 	}
 	got := describeLeft(ipamv1.GroupVersion.WithKind("IPClaim").GroupKind(), items)
-	want := "2 IPClaim.ipam.metal3.io (1 being deleted, 1 preallocated and not handed over, 2 with " +
+	want := "3 IPClaim.ipam.metal3.io (1 being deleted, 1 preallocated and not handed over, 2 with " +
 		ipamv1.IPClaimFinalizer + ", 1 with " + infrav1.DataFinalizer + ")"
 	if got != want {
 		t.Errorf("describeLeft = %q, want %q", got, want)

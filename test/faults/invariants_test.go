@@ -469,17 +469,19 @@ func namespaceConditions(ctx context.Context, ns string) string {
 
 // leftKinds are the kinds whose finalizers a namespace of the suite waits for.
 var leftKinds = []schema.GroupVersionKind{
+	infrav1.GroupVersion.WithKind("Metal3DataTemplate"),
 	allocation.Metal3DataGVK,
 	infrav1.GroupVersion.WithKind("Metal3DataClaim"),
-	infrav1.GroupVersion.WithKind("Metal3Machine"),
+	ipamv1.GroupVersion.WithKind("IPPool"),
 	allocation.IPClaimGVK,
 	allocation.Metal3AddressGVK,
+	{Group: fixtures.CAPIPoolGroup, Version: "v1alpha2", Kind: fixtures.CAPIPoolKind},
 	allocation.IPAddressClaimGVK,
 	capipamv1.GroupVersion.WithKind("IPAddress"),
 }
 
 // namespaceLeft lists what a namespace still holds at the deadline: the namespace controller's
-// conditions are those of its last pass, up to 15 s old, and do not say whose finalizer it waits for.
+// conditions are those of its last pass, up to about 8 s old, and do not say whose finalizer it waits for.
 func namespaceLeft(ctx context.Context, ns string) string {
 	var out []string
 	for _, gvk := range leftKinds {
@@ -514,7 +516,7 @@ func describeLeft(kind schema.GroupKind, items []metav1.PartialObjectMetadata) s
 		if o.DeletionTimestamp != nil {
 			deleting++
 		}
-		if _, ok := o.Annotations[allocation.PreallocatedForAnnotation]; ok {
+		if _, ok := o.Annotations[allocation.PreallocatedForAnnotation]; ok && len(o.OwnerReferences) == 0 {
 			notHandedOver++
 		}
 	}

@@ -198,7 +198,9 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("kube-controller-manager (garbage collector and namespace controller), CAPM3 v1.13.2's Metal3Data")
 	p("controller and the Metal3 IPAM in-process, the Cluster API in-cluster IPAM provider, and two")
 	p("webhook replicas under leader election behind a loopback load balancer, as a Deployment with a")
-	p("Service runs them, with `--release-grace-period=%v`. Each scenario runs a stream of Metal3Data", gracePeriod)
+	p("Service runs them, with `--release-grace-period=%v`. The suite creates the Metal3Data itself, to", gracePeriod)
+	p("control names and timing, and stands in for CAPM3's Metal3DataTemplate controller only where")
+	p("deletion needs its finalizers. Each scenario runs a stream of Metal3Data")
 	p("while it injects its faults, then checks, within the grace period plus %v of its last action", settleAfterGrace)
 	p("(or, while the count of problems keeps falling, until it stops falling for %v, at most %v),", settleAfterGrace, settleMax)
 	p("the invariants below, and deletes its namespaces. A scenario with a baseline also runs, in")
@@ -209,7 +211,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("below the 95%% upper bound of stock's. Every other count, and every count of a scenario")
 	p("without a baseline, must be 0.")
 	p("Each Metal3Data has claims in two Metal3 IPPools (IPClaims); %.0f%% of them (%.0f%% in the", 100*inClusterShare, 100*concurrentInClusterShare)
-	p("concurrent scenario, all in the recreate scenario) also one in an InClusterIPPool (an")
+	p("concurrent scenario, all in the recreate scenario, none in leader-loss) also one in an InClusterIPPool (an")
 	p("IPAddressClaim). The in-cluster IPAM provider handles one claim at a time at 20 requests/s, with no")
 	p("flag to raise either; with more of its claims it alone would keep Metal3Data from being Ready,")
 	p("and namespaces from being deleted, for longer than the checks allow.")
@@ -306,7 +308,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("")
 	p("```sh")
 	p("make faults                  # full sizes; writes this file (%v here, and the build)", wall.Round(time.Minute))
-	p("cd test && go test -count=1 -v ./faults   # the quick sizes, as make test runs them")
+	p("cd test && go test -count=1 -v -timeout 30m ./faults   # every scenario at the quick sizes (make test runs four)")
 	p("cd test && FAULTS_FULL=1 FAULTS_TRIALS=1 go test -count=1 -v -timeout 60m ./faults   # one trial of each")
 	p("make faults-corrected-ipam   # the same against the corrected IPAM test double")
 	p("```")
@@ -457,24 +459,28 @@ func (r *suiteReport) knownProblems() []string {
 		"  allocate for the same claim; its status names the last, the other address stays taken, and once",
 		"  the claim is deleted the IPAM, which frees by claim name, frees one of the two. The webhook's",
 		"  leader releases the address the status does not name for the claims the webhook created, once",
-		"  both are 10 s old. The same race can answer a claim with an address another claim holds; that",
-		"  one nothing outside the IPAM can undo.",
+		"  both are 10 s old, unless their Metal3Data is already Ready: CAPM3 rendered one of them, so both",
+		"  stay. The same race can answer a claim with an address another claim holds; that one nothing",
+		"  outside the IPAM can undo.",
 		"- **A claim deleted while its Metal3Data lives stays Terminating.** CAPM3 keeps its finalizer on",
 		"  its claims as long as their Metal3Data exists, and the Metal3Data is never Ready without the",
-		"  claim's address. The webhook removes its finalizer from a deleted claim that waits for a",
-		"  Metal3Data at once (after the 10 s above), so its own waiting claims do not hang.",
+		"  claim's address. The webhook removes CAPM3's finalizer from a deleted claim that waits for a",
+		"  Metal3Data, from an IPAddressClaim at once, from an IPClaim once the 10 s above have passed and",
+		"  no other IPClaim of its pool waits for the IPAM (at most `--release-hold-limit`), so its own",
+		"  waiting claims do not hang.",
 		"- **A namespace takes more than 30 s to be deleted.** The namespace controller deletes the kinds",
-		"  of a namespace in no fixed order. When it deletes Metal3Data before their Metal3DataClaims,",
-		"  CAPM3 leaves each such Metal3Data, and its claims, for up to 30 s (it watches no Metal3DataClaim;",
-		"  an IPClaim event wakes it sooner), and the namespace controller looks again 15 s after a pass",
-		"  that found objects with finalizers. The webhook's own waiting claims add the 10 s above, and,",
-		"  while another claim of their pool waits for the IPAM, until it is answered or deleted (the",
-		"  namespace's deletion deletes it). A late namespace's evidence lists what it still held.",
+		"  of a namespace in no fixed order. When it deletes a Metal3Data while its Metal3DataClaim still",
+		"  exists, CAPM3 leaves that Metal3Data, and its claims, until an event on it or on one of its",
+		"  claims wakes CAPM3, at most 30 s (it watches no Metal3DataClaim); and the namespace controller",
+		"  looks again about 8 s after a pass that found objects with finalizers. The webhook's own waiting",
+		"  IPClaims add the 10 s above and, while another IPClaim of their pool waits for the IPAM, until",
+		"  that one is answered or deleted (at most `--release-hold-limit`); its IPAddressClaims add",
+		"  nothing. A late namespace's evidence lists what it still held.",
 		"",
 		"`make faults-corrected-ipam` runs this suite against a test double of the IPAM with the first two",
 		"races taken out (docs/reliability-corrected-ipam.md): what it still finds is the webhook's, or CAPM3's.",
 		"The double saves the claim's finalizer before it creates the IPAddress, which exposes one more race,",
-		"the API server's (kubernetes/kubernetes#77988): CAPM3 deletes a claim it has taken its finalizer off",
+		"the API server's: CAPM3 deletes a claim it has taken its finalizer off",
 		"without preconditions, and a DELETE that read the claim without finalizers removes it even after",
 		"the IPAM's is saved. The double saves its finalizer only on a claim that still has another.",
 	}

@@ -21,8 +21,10 @@ type matcher struct {
 }
 
 var (
-	fencedBlock   = regexp.MustCompile("(?s)```(promql|yaml)\n(.*?)```")
-	metricSel     = regexp.MustCompile(`\b([a-z_:][a-z0-9_:]*)\{([^}]*)\}`)
+	fencedBlock = regexp.MustCompile("(?s)```(promql|yaml)\n(.*?)```")
+	// A metric name with its matchers, or a bare one before a range: function names are followed by
+	// "(" and keywords by a space.
+	metricSel     = regexp.MustCompile(`\b([a-z_:][a-z0-9_:]*)(?:\{([^}]*)\}|\[)`)
 	labelMatcher  = regexp.MustCompile(`(\w+)\s*(=~|!=|!~|=)\s*"([^"]*)"`)
 	exposedLabels = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
 )
@@ -91,13 +93,53 @@ func (s selector) matchesLabels(series map[string]string) bool {
 		case "!=":
 			ok = v != m.value
 		case "=~", "!~":
-			ok = regexp.MustCompile("^(?:"+m.value+")$").MatchString(v) == (m.op == "=~")
+			re, err := regexp.Compile("^(?:" + m.value + ")$")
+			ok = err == nil && re.MatchString(v) == (m.op == "=~")
 		}
 		if !ok {
 			return false
 		}
 	}
 	return true
+}
+
+// checkReadmeQueries checks that the selectors of README.md's queries whose metric which names
+// select a series: the webhook's from webhookMetrics, the API server's from its /metrics.
+func checkReadmeQueries(t *testing.T, webhookMetrics string, which func(metric string) bool) {
+	t.Helper()
+	var apiServerMetrics string
+	for _, s := range readmeSelectors(t) {
+		if !which(s.name) {
+			continue
+		}
+		exposition := webhookMetrics
+		if strings.HasPrefix(s.name, "apiserver_") {
+			if apiServerMetrics == "" {
+				apiServerMetrics = kubectl(t, nil, "get", "--raw", "/metrics")
+			}
+			exposition = apiServerMetrics
+		}
+		if !s.matchesSeries(exposition) {
+			t.Errorf("README.md's %s matches no series", s.text)
+		}
+	}
+}
+
+func TestReadmeSelectors(t *testing.T) {
+	names := map[string]bool{}
+	for _, s := range readmeSelectors(t) {
+		names[s.name] = true
+	}
+	for _, want := range []string{"ip_preallocator_admissions_total", "ip_preallocator_releases_total", "apiserver_request_total", "controller_runtime_webhook_requests_total"} {
+		if !names[want] {
+			t.Errorf("README.md's queries: no selector of %s found, only %v", want, names)
+		}
+	}
+	for name := range names {
+		if name == "sum" || name == "rate" || name == "increase" || name == "and" {
+			t.Errorf("README.md's queries: %s read as a metric", name)
+		}
+	}
 }
 
 func TestSelectorMatchesSeries(t *testing.T) {
@@ -110,6 +152,12 @@ ip_preallocator_admissions_total{outcome="partial",reason=""} 1
 		`sum(rate(apiserver_request_total{resource="metal3datas",verb="create"}[15m]))`: false,
 		`ip_preallocator_admissions_total{outcome=~"failed|partial"}`:                   true,
 		`ip_preallocator_admissions_total{outcome=~"failed"}`:                           false,
+		`ip_preallocator_admissions_total{outcome=~"part"}`:                             false,
+		`ip_preallocator_admissions_total{outcome!="partial"}`:                          false,
+		`ip_preallocator_admissions_total{reason="",outcome="partial"}`:                 true,
+		`ip_preallocator_admissions_total{missing=""}`:                                  true,
+		`sum(increase(ip_preallocator_admissions_total[1h]))`:                           true,
+		`sum(increase(ip_preallocator_releases_total[1h]))`:                             false,
 		`ip_preallocator_claims_total{outcome="foreign"}`:                               false,
 	} {
 		sels := parseSelectors(query)
