@@ -141,11 +141,9 @@ func ms(d time.Duration) string { return d.Round(time.Millisecond).String() }
 // noiseMargin is how far the election window's time-to-Ready may exceed the idle figures: four
 // times the idle spread (slowest minus fastest idle Metal3Data), and at least twice the idle
 // median. The window has several times as many Metal3Data as the idle reference, a few admitted
-// at once, so its maximum is drawn from more tries, and the load of a shared 2-core machine
-// changes within a minute: in a first trial, while the load average rose from 4 to 13, the window's
-// maximum exceeded the idle maximum by twice the idle spread (twice was the margin then), and in a
-// clean-clone run by four times it plus 7 ms (one Metal3Data 301 ms into the window against 294).
-// Hence a floor of minMargin. A hand-over that waits for the lease costs 15 s or more (the lease
+// at once, so its maximum is drawn from more tries, and the load of a 2-core machine changes
+// within a minute: the window's maximum has exceeded the idle maximum by four times the idle
+// spread, by a few milliseconds. Hence a floor of minMargin. A hand-over that waits for the lease costs 15 s or more (the lease
 // expires, then CAPM3's requeue), one left to another replica's take-over its delay (5 s by
 // default): both far beyond the margin.
 func noiseMargin(idle []time.Duration) time.Duration {
