@@ -165,7 +165,7 @@ undeploy: release ## Uninstall in the safe order: mutating webhook, waiting clai
 ##@ Tools
 
 .PHONY: tools
-tools: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl, controller-gen and kustomize into bin/.
+tools: ## Build etcd, kube-apiserver, kube-controller-manager, kubectl, the in-cluster IPAM provider, controller-gen, kustomize and golangci-lint into bin/.
 	hack/build-tools.sh
 
 # Each alone, so that make release needs only kustomize (about a minute to build on a fresh machine).
