@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test module's suites one at a time: each starts its own control plane or measures
 # time, and two at once on two cores make both slow and the timings meaningless. Each suite has a
-# -timeout of two to five times what it takes on an idle 2-core machine (the figure beside it,
-# seconds, from make test's own output); a suite that outlives it says so (test/harness/reaper.go).
+# -timeout of at least about twice what it takes on an idle 2-core machine (the figure beside it,
+# seconds, from make test's own output), and a few minutes for the short ones; a suite that
+# outlives it says so (test/harness/reaper.go).
 # After each suite, nothing it started may still run.
 set -euo pipefail
 cd "$(dirname "$0")/../test"
