@@ -69,7 +69,7 @@ func parseSelectors(query string) []selector {
 func (s selector) matchesSeries(exposition string) bool {
 	for _, line := range strings.Split(exposition, "\n") {
 		labels, ok := strings.CutPrefix(line, s.name+"{")
-		if !ok {
+		if !ok && !strings.HasPrefix(line, s.name+" ") {
 			continue
 		}
 		series := map[string]string{}
@@ -146,6 +146,7 @@ func TestSelectorMatchesSeries(t *testing.T) {
 	exposition := `# TYPE apiserver_request_total counter
 apiserver_request_total{code="201",component="apiserver",group="infrastructure.cluster.x-k8s.io",resource="metal3datas",verb="POST",version="v1beta2"} 3
 ip_preallocator_admissions_total{outcome="partial",reason=""} 1
+process_open_fds 12
 `
 	for query, want := range map[string]bool{
 		`sum(rate(apiserver_request_total{resource="metal3datas",verb="POST"}[15m]))`:   true,
@@ -158,7 +159,8 @@ ip_preallocator_admissions_total{outcome="partial",reason=""} 1
 		`ip_preallocator_admissions_total{missing=""}`:                                  true,
 		`sum(increase(ip_preallocator_admissions_total[1h]))`:                           true,
 		`sum(increase(ip_preallocator_releases_total[1h]))`:                             false,
-		`ip_preallocator_claims_total{outcome="foreign"}`:                               false,
+		`process_open_fds[5m]`:                            true,
+		`ip_preallocator_claims_total{outcome="foreign"}`: false,
 	} {
 		sels := parseSelectors(query)
 		if len(sels) != 1 {
