@@ -360,3 +360,54 @@ func TestClaimEventsForgetAnswersAndDeletions(t *testing.T) {
 		t.Errorf("unanswered after a deletion: %v", got)
 	}
 }
+
+// answerAfter answers, after delay, every IPClaim of dataKey's namespace that exists by then.
+func answerAfter(t *testing.T, c client.Client, delay time.Duration) {
+	t.Helper()
+	time.Sleep(delay)
+	list := &ipamv1.IPClaimList{}
+	if err := c.List(context.Background(), list, client.InNamespace(dataKey.Namespace)); err != nil {
+		t.Error(err)
+		return
+	}
+	for i := range list.Items {
+		list.Items[i].Status.Address = &corev1.ObjectReference{Name: list.Items[i].Name}
+		if err := c.Update(context.Background(), &list.Items[i]); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestIdleAdmissionWaitsForTheAnswers: alone in its namespace, an admission returns once the IPAM
+// has answered its claims, within IdleWait; beside another pending admission, at once.
+func TestIdleAdmissionWaitsForTheAnswers(t *testing.T) {
+	const answer = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name            string
+		other           bool
+		idleWait        time.Duration
+		atLeast, atMost time.Duration
+	}{
+		{name: "idle", idleWait: 5 * time.Second, atLeast: answer, atMost: 3 * time.Second},
+		{name: "idle, the IPAM slower than the wait", idleWait: 100 * time.Millisecond, atLeast: 100 * time.Millisecond, atMost: answer},
+		{name: "another admission pending", other: true, idleWait: 5 * time.Second, atMost: answer},
+		{name: "off", atMost: answer},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClient(interceptor.Funcs{})
+			a := newCreations(c)
+			a.IdleWait, a.Claims = tc.idleWait, c
+			if tc.other {
+				a.Admissions.admit(types.NamespacedName{Namespace: dataKey.Namespace, Name: "tmpl-1"}, &admitted{token: "t0", at: time.Now()})
+			}
+			go answerAfter(t, c, answer)
+			start := time.Now()
+			a.Admitted(context.Background(), dataKey, "t1", "t1", planned(), "")
+			took := time.Since(start)
+			if took < tc.atLeast || took > tc.atMost {
+				t.Errorf("Admitted took %v, want between %v and %v", took, tc.atLeast, tc.atMost)
+			}
+			created(t, a)
+		})
+	}
+}
