@@ -52,8 +52,6 @@ const (
 	claimWait = 50 * time.Millisecond
 	// reusedNameHoldoff leaves a deleted Metal3Data's name to CAPM3, whose lagging cache releases by name.
 	reusedNameHoldoff = 10 * time.Second
-	// idleAnswerWait bounds how long an admission alone in its namespace waits for the IPAM's answers.
-	idleAnswerWait = time.Second
 	// concurrency is how many objects each controller reconciles at once.
 	concurrency = 10
 )
@@ -77,6 +75,7 @@ type options struct {
 	releaseHold      time.Duration
 	handOverDelay    time.Duration
 	ipamWait         time.Duration
+	idleWait         time.Duration
 	requesters       []string
 	namespace        string
 	watchFilter      string
@@ -115,6 +114,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"How long past the grace period a claim is kept while the IPAM has not answered it, while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it), or while another claim of its pool waits for the IPAM; and how long after its deletion a waiting claim someone deleted keeps CAPM3's finalizer while its pool is busy.")
 	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", 30*time.Second,
 		"When the IPAM is behind (a claim this replica created has waited between 250ms and 3s for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; a take-over waits for the answers as long; 0 hands over at once.")
+	fs.DurationVar(&o.idleWait, "idle-answer-wait", 0, "Experiment: how long an admission in an idle namespace waits for the IPAM's answers.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
 	fs.StringVar(&o.namespace, "namespace", "",
@@ -267,6 +267,8 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 		Timeout:    claimCreationTimeout,
 		Wait:       claimWait,
 		IPAMWait:   o.ipamWait,
+		IdleWait:   o.idleWait,
+		Claims:     mgr.GetClient(),
 	}
 	if err := mgr.Add(creations); err != nil {
 		return nil, fmt.Errorf("adding the claim creations to the manager: %w", err)
@@ -275,7 +277,6 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 		return creations, nil
 	}
 	creations.IPAMLag = &handover.IPAMLag{}
-	creations.IdleWait, creations.Claims = idleAnswerWait, mgr.GetClient()
 	for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
 		informer, err := mgr.GetCache().GetInformer(ctx, claim)
 		if err != nil {

@@ -30,12 +30,12 @@ type Creations struct {
 	// up to IPAMWait for the IPAM's answers.
 	IPAMLag  *IPAMLag
 	IPAMWait time.Duration
-	// IdleWait, when set with Claims, the informer of whole claims, makes an admission alone in its
-	// namespace wait up to IdleWait, within its deadline, for the IPAM's answers: the IPAM's writes
-	// then come before the hand-over, and wake no CAPM3 reconcile. Never in a burst or backlog, where
-	// CAPM3's template loop would wait for each admission in turn.
+	// IdleWait, when set with Claims, makes an admission in a namespace where no other admission
+	// of this replica is pending wait up to IdleWait, within its deadline, for the IPAM to answer
+	// its claims: CAPM3's first reconcile then finds them answered.
 	IdleWait time.Duration
-	Claims   client.Reader
+	// Claims is the informer of whole claims the idle wait reads answers from.
+	Claims client.Reader
 
 	running  sync.WaitGroup
 	once     sync.Once
