@@ -75,7 +75,6 @@ type options struct {
 	releaseHold      time.Duration
 	handOverDelay    time.Duration
 	ipamWait         time.Duration
-	idleWait         time.Duration
 	requesters       []string
 	namespace        string
 	watchFilter      string
@@ -114,7 +113,6 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"How long past the grace period a claim is kept while the IPAM has not answered it, while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it), or while another claim of its pool waits for the IPAM; and how long after its deletion a waiting claim someone deleted keeps CAPM3's finalizer while its pool is busy.")
 	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", 30*time.Second,
 		"When the IPAM is behind (a claim this replica created has waited between 250ms and 3s for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; a take-over waits for the answers as long; 0 hands over at once.")
-	fs.DurationVar(&o.idleWait, "idle-answer-wait", 0, "Experiment: how long an admission in an idle namespace waits for the IPAM's answers.")
 	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
 	fs.StringVar(&o.namespace, "namespace", "",
@@ -267,8 +265,6 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 		Timeout:    claimCreationTimeout,
 		Wait:       claimWait,
 		IPAMWait:   o.ipamWait,
-		IdleWait:   o.idleWait,
-		Claims:     mgr.GetClient(),
 	}
 	if err := mgr.Add(creations); err != nil {
 		return nil, fmt.Errorf("adding the claim creations to the manager: %w", err)

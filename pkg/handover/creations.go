@@ -8,9 +8,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
@@ -30,12 +28,6 @@ type Creations struct {
 	// up to IPAMWait for the IPAM's answers.
 	IPAMLag  *IPAMLag
 	IPAMWait time.Duration
-	// IdleWait, when set with Claims, makes an admission in a namespace where no other admission
-	// of this replica is pending wait up to IdleWait, within its deadline, for the IPAM to answer
-	// its claims: CAPM3's first reconcile then finds them answered.
-	IdleWait time.Duration
-	// Claims is the informer of whole claims the idle wait reads answers from.
-	Claims client.Reader
 
 	running  sync.WaitGroup
 	once     sync.Once
@@ -80,13 +72,9 @@ func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, toke
 	if len(claims) > 0 && c.IPAMLag != nil && c.IPAMLag.behind(now) {
 		v.answerBy = now.Add(c.IPAMWait)
 	}
-	idle := c.IdleWait > 0 && c.Claims != nil && len(claims) > 0 && !c.Admissions.othersPending(key)
 	c.Admissions.admit(key, v)
 	if len(claims) == 0 {
 		return
-	}
-	if idle {
-		defer c.waitForAnswers(ctx, key, token)
 	}
 	var onWire sync.WaitGroup
 	onWire.Add(len(claims))
@@ -105,21 +93,6 @@ func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, toke
 	case <-wait.C:
 	case <-ctx.Done():
 	}
-}
-
-// waitForAnswers waits, at most IdleWait, until the claims of the admission token are created and
-// answered by the IPAM.
-func (c *Creations) waitForAnswers(ctx context.Context, key types.NamespacedName, token string) {
-	ctx, cancel := context.WithTimeout(ctx, c.IdleWait)
-	defer cancel()
-	_ = wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		refs, _, created := c.Admissions.claims(key, token)
-		if !created {
-			return false, nil
-		}
-		waiting, absent := unansweredClaims(ctx, c.Claims, key.Namespace, refs)
-		return waiting+absent == 0, nil
-	})
 }
 
 func (c *Creations) create(key types.NamespacedName, token string, claims []allocation.Claim, sent func()) {
