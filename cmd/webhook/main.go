@@ -52,6 +52,8 @@ const (
 	claimWait = 50 * time.Millisecond
 	// reusedNameHoldoff leaves a deleted Metal3Data's name to CAPM3, whose lagging cache releases by name.
 	reusedNameHoldoff = 10 * time.Second
+	// idleAnswerWait bounds how long an admission alone in its namespace waits for the IPAM's answers.
+	idleAnswerWait = time.Second
 	// concurrency is how many objects each controller reconciles at once.
 	concurrency = 10
 )
@@ -273,6 +275,7 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 		return creations, nil
 	}
 	creations.IPAMLag = &handover.IPAMLag{}
+	creations.IdleWait, creations.Claims = idleAnswerWait, mgr.GetClient()
 	for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
 		informer, err := mgr.GetCache().GetInformer(ctx, claim)
 		if err != nil {

@@ -360,3 +360,66 @@ func TestClaimEventsForgetAnswersAndDeletions(t *testing.T) {
 		t.Errorf("unanswered after a deletion: %v", got)
 	}
 }
+
+// answerAfter answers, after delay, every IPClaim of dataKey's namespace that exists by then.
+func answerAfter(t *testing.T, c client.Client, delay time.Duration) {
+	t.Helper()
+	time.Sleep(delay)
+	list := &ipamv1.IPClaimList{}
+	if err := c.List(context.Background(), list, client.InNamespace(dataKey.Namespace)); err != nil {
+		t.Error(err)
+		return
+	}
+	for i := range list.Items {
+		list.Items[i].Status.Address = &corev1.ObjectReference{Name: list.Items[i].Name}
+		if err := c.Update(context.Background(), &list.Items[i]); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestIdleAdmissionWaitsForTheAnswers: alone in its namespace, an admission returns once the IPAM
+// has answered its claims, within IdleWait; beside another pending admission, or while the IPAM is
+// behind, at once. Claims the wait gave up on do not make the IPAM count as behind.
+func TestIdleAdmissionWaitsForTheAnswers(t *testing.T) {
+	const answer = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name            string
+		other, behind   bool
+		idleWait        time.Duration
+		atLeast, atMost time.Duration
+		behindAfter     bool
+	}{
+		{name: "idle", idleWait: 5 * time.Second, atLeast: answer, atMost: 3 * time.Second, behindAfter: true},
+		{name: "idle, the IPAM slower than the wait", idleWait: 100 * time.Millisecond, atLeast: 100 * time.Millisecond, atMost: answer},
+		{name: "another admission pending", other: true, idleWait: 5 * time.Second, atMost: answer, behindAfter: true},
+		{name: "the IPAM behind", behind: true, idleWait: 5 * time.Second, atMost: answer, behindAfter: true},
+		{name: "off", atMost: answer, behindAfter: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClient(interceptor.Funcs{})
+			a := newCreations(c)
+			a.IdleWait, a.Claims, a.IPAMLag = tc.idleWait, c, &IPAMLag{}
+			if tc.other {
+				a.Admissions.admit(types.NamespacedName{Namespace: dataKey.Namespace, Name: "tmpl-1"}, &admitted{token: "t0", at: time.Now()})
+			}
+			if tc.behind {
+				lagging := claimKey{allocation.KindIPClaim, types.NamespacedName{Namespace: dataKey.Namespace, Name: "lagging"}}
+				a.IPAMLag.inFlight = map[claimKey]time.Time{lagging: time.Now().Add(-time.Second)}
+			}
+			go answerAfter(t, c, answer)
+			start := time.Now()
+			a.Admitted(context.Background(), dataKey, "t1", "t1", planned(), "")
+			took := time.Since(start)
+			if took < tc.atLeast || took > tc.atMost {
+				t.Errorf("Admitted took %v, want between %v and %v", took, tc.atLeast, tc.atMost)
+			}
+			created(t, a)
+			// No informer tells the lag detector of the answers here: only claims the wait gave up
+			// on stop counting.
+			if got := a.IPAMLag.behind(time.Now().Add(time.Second)); got != tc.behindAfter {
+				t.Errorf("IPAM behind after the admission: %v, want %v", got, tc.behindAfter)
+			}
+		})
+	}
+}

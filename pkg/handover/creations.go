@@ -8,7 +8,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
@@ -28,6 +30,12 @@ type Creations struct {
 	// up to IPAMWait for the IPAM's answers.
 	IPAMLag  *IPAMLag
 	IPAMWait time.Duration
+	// IdleWait, when set with Claims, the informer of whole claims, makes an admission alone in its
+	// namespace wait up to IdleWait, within its deadline, for the IPAM's answers: the IPAM's writes
+	// then come before the hand-over, and wake no CAPM3 reconcile. Never in a burst or backlog, where
+	// CAPM3's template loop would wait for each admission in turn.
+	IdleWait time.Duration
+	Claims   client.Reader
 
 	running  sync.WaitGroup
 	once     sync.Once
@@ -64,17 +72,23 @@ func (c *Creations) NeedLeaderElection() bool { return false }
 // It returns once their requests are on the wire, within Wait: the API server stores the
 // Metal3Data only after the answer, and CAPM3 reads two Secrets and the BareMetalHost live before
 // it creates claims, so the creates arrive first; a wait for the stored claims would be paid once
-// per machine, in series, in CAPM3's template loop.
+// per machine, in series, in CAPM3's template loop. Alone in its namespace, it also waits for the
+// IPAM's answers, within IdleWait.
 func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, token, dataToken string, claims []allocation.Claim, warning string) {
 	c.init()
 	now := time.Now()
 	v := &admitted{token: token, dataToken: dataToken, warning: warning, at: now, creating: len(claims) > 0}
-	if len(claims) > 0 && c.IPAMLag != nil && c.IPAMLag.behind(now) {
+	behind := len(claims) > 0 && c.IPAMLag.behind(now)
+	if behind {
 		v.answerBy = now.Add(c.IPAMWait)
 	}
+	idle := !behind && c.IdleWait > 0 && c.Claims != nil && len(claims) > 0 && !c.Admissions.othersPending(key)
 	c.Admissions.admit(key, v)
 	if len(claims) == 0 {
 		return
+	}
+	if idle {
+		defer c.waitForAnswers(ctx, key, token, claims)
 	}
 	var onWire sync.WaitGroup
 	onWire.Add(len(claims))
@@ -92,6 +106,25 @@ func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, toke
 	case <-sent:
 	case <-wait.C:
 	case <-ctx.Done():
+	}
+}
+
+// waitForAnswers waits, at most IdleWait, until the claims of the admission token are created and
+// answered by the IPAM. Claims it gave up on do not count toward the IPAM being behind: the
+// admission already paid for that IPAM's slowness, and its hand-over must not pay again.
+func (c *Creations) waitForAnswers(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim) {
+	ctx, cancel := context.WithTimeout(ctx, c.IdleWait)
+	defer cancel()
+	err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		refs, _, created := c.Admissions.claims(key, token)
+		if !created {
+			return false, nil
+		}
+		waiting, absent := unansweredClaims(ctx, c.Claims, key.Namespace, refs)
+		return waiting+absent == 0, nil
+	})
+	if err != nil {
+		c.IPAMLag.forget(claims)
 	}
 }
 

@@ -95,6 +95,20 @@ func (l *IPAMLag) created(claims []allocation.Claim, results []allocation.Result
 	}
 }
 
+// forget stops counting the claims toward the IPAM being behind.
+func (l *IPAMLag) forget(claims []allocation.Claim) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range claims {
+		if k, ok := claimKeyOf(c.Object); ok {
+			delete(l.inFlight, k)
+		}
+	}
+}
+
 // behind tells whether the IPAM is behind at now.
 func (l *IPAMLag) behind(now time.Time) bool {
 	if l == nil {
