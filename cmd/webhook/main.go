@@ -275,7 +275,7 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 		return creations, nil
 	}
 	creations.IPAMLag = &handover.IPAMLag{}
-	creations.IdleWait, creations.Claims = idleAnswerWait, mgr.GetClient()
+	creations.IdleWait, creations.Cache = idleAnswerWait, mgr.GetClient()
 	for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
 		informer, err := mgr.GetCache().GetInformer(ctx, claim)
 		if err != nil {

@@ -49,19 +49,6 @@ func (a *Admissions) admit(key types.NamespacedName, v *admitted) {
 	a.pending[key] = v
 }
 
-// othersPending tells whether an admission of another Metal3Data of key's namespace that recorded
-// claims is remembered: a burst or a backlog, whose admissions must not wait.
-func (a *Admissions) othersPending(key types.NamespacedName) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for k, v := range a.pending {
-		if k != key && k.Namespace == key.Namespace && v.token != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // created records the end of the creation of the admission token's claims.
 func (a *Admissions) created(key types.NamespacedName, token string, refs []allocation.ClaimRef, warnings []string) {
 	a.mu.Lock()

@@ -379,8 +379,8 @@ func answerAfter(t *testing.T, c client.Client, delay time.Duration) {
 }
 
 // TestIdleAdmissionWaitsForTheAnswers: alone in its namespace, an admission returns once the IPAM
-// has answered its claims, within IdleWait; beside another pending admission, or while the IPAM is
-// behind, at once. Claims the wait gave up on do not make the IPAM count as behind.
+// has answered its claims, within IdleWait; while another Metal3DataClaim waits for its Metal3Data,
+// or the IPAM is behind, at once. Claims the wait gave up on do not make the IPAM count as behind.
 func TestIdleAdmissionWaitsForTheAnswers(t *testing.T) {
 	const answer = 300 * time.Millisecond
 	for _, tc := range []struct {
@@ -390,19 +390,27 @@ func TestIdleAdmissionWaitsForTheAnswers(t *testing.T) {
 		atLeast, atMost time.Duration
 		behindAfter     bool
 	}{
+		// No informer tells the lag detector of the answers here: only claims the wait gave up on
+		// stop counting.
 		{name: "idle", idleWait: 5 * time.Second, atLeast: answer, atMost: 3 * time.Second, behindAfter: true},
 		{name: "idle, the IPAM slower than the wait", idleWait: 100 * time.Millisecond, atLeast: 100 * time.Millisecond, atMost: answer},
-		{name: "another admission pending", other: true, idleWait: 5 * time.Second, atMost: answer, behindAfter: true},
+		{name: "another Metal3DataClaim waits for data", other: true, idleWait: 5 * time.Second, atMost: answer, behindAfter: true},
 		{name: "the IPAM behind", behind: true, idleWait: 5 * time.Second, atMost: answer, behindAfter: true},
 		{name: "off", atMost: answer, behindAfter: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newClient(interceptor.Funcs{})
-			a := newCreations(c)
-			a.IdleWait, a.Claims, a.IPAMLag = tc.idleWait, c, &IPAMLag{}
+			// A machine already Ready: its Metal3DataClaim has its Metal3Data.
+			done := &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "done", UID: "done-uid"}}
+			objs := []client.Object{done, &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{
+				Namespace: dataKey.Namespace, Name: "tmpl-7",
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: infrav1.GroupVersion.String(), Kind: "Metal3DataClaim", Name: done.Name, UID: done.UID}},
+			}}}
 			if tc.other {
-				a.Admissions.admit(types.NamespacedName{Namespace: dataKey.Namespace, Name: "tmpl-1"}, &admitted{token: "t0", at: time.Now()})
+				objs = append(objs, &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "waiting"}})
 			}
+			c := newClient(interceptor.Funcs{}, objs...)
+			a := newCreations(c)
+			a.IdleWait, a.Cache, a.IPAMLag = tc.idleWait, c, &IPAMLag{}
 			if tc.behind {
 				lagging := claimKey{allocation.KindIPClaim, types.NamespacedName{Namespace: dataKey.Namespace, Name: "lagging"}}
 				a.IPAMLag.inFlight = map[claimKey]time.Time{lagging: time.Now().Add(-time.Second)}
@@ -415,8 +423,6 @@ func TestIdleAdmissionWaitsForTheAnswers(t *testing.T) {
 				t.Errorf("Admitted took %v, want between %v and %v", took, tc.atLeast, tc.atMost)
 			}
 			created(t, a)
-			// No informer tells the lag detector of the answers here: only claims the wait gave up
-			// on stop counting.
 			if got := a.IPAMLag.behind(time.Now().Add(time.Second)); got != tc.behindAfter {
 				t.Errorf("IPAM behind after the admission: %v, want %v", got, tc.behindAfter)
 			}

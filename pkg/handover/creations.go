@@ -30,12 +30,14 @@ type Creations struct {
 	// up to IPAMWait for the IPAM's answers.
 	IPAMLag  *IPAMLag
 	IPAMWait time.Duration
-	// IdleWait, when set with Claims, the informer of whole claims, makes an admission alone in its
-	// namespace wait up to IdleWait, within its deadline, for the IPAM's answers: the IPAM's writes
-	// then come before the hand-over, and wake no CAPM3 reconcile. Never in a burst or backlog, where
-	// CAPM3's template loop would wait for each admission in turn.
+	// IdleWait, when set with Cache, makes an admission alone in its namespace wait up to IdleWait,
+	// within its deadline, for the IPAM's answers: the IPAM's writes then come before the hand-over,
+	// and wake no CAPM3 reconcile. Alone: no other Metal3DataClaim of the namespace waits for its
+	// Metal3Data. Never in a burst or backlog, where CAPM3's template loop would wait for each
+	// admission in turn.
 	IdleWait time.Duration
-	Claims   client.Reader
+	// Cache holds whole claims and the metadata of Metal3DataClaims and Metal3Data.
+	Cache client.Reader
 
 	running  sync.WaitGroup
 	once     sync.Once
@@ -82,7 +84,7 @@ func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, toke
 	if behind {
 		v.answerBy = now.Add(c.IPAMWait)
 	}
-	idle := !behind && c.IdleWait > 0 && c.Claims != nil && len(claims) > 0 && !c.Admissions.othersPending(key)
+	idle := !behind && c.IdleWait > 0 && c.Cache != nil && len(claims) > 0 && c.alone(ctx, key.Namespace, claims[0].DataClaim)
 	c.Admissions.admit(key, v)
 	if len(claims) == 0 {
 		return
@@ -109,6 +111,35 @@ func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, toke
 	}
 }
 
+// alone tells, from the cache, whether every Metal3DataClaim of the namespace but dataClaim has
+// its Metal3Data: otherwise CAPM3's template loop is creating a burst or working off a backlog.
+func (c *Creations) alone(ctx context.Context, namespace, dataClaim string) bool {
+	datas := &metav1.PartialObjectMetadataList{}
+	datas.SetGroupVersionKind(allocation.Metal3DataGVK.GroupVersion().WithKind("Metal3DataList"))
+	dataClaims := &metav1.PartialObjectMetadataList{}
+	dataClaims.SetGroupVersionKind(dataClaimGVK.GroupVersion().WithKind("Metal3DataClaimList"))
+	for _, list := range []*metav1.PartialObjectMetadataList{datas, dataClaims} {
+		if err := c.Cache.List(ctx, list, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
+			klog.FromContext(ctx).V(1).Info("Not waiting for the IPAM's answers", "error", fmt.Errorf("listing %s: %w", list.Kind, err))
+			return false
+		}
+	}
+	answered := map[string]bool{dataClaim: true}
+	for _, d := range datas.Items {
+		for _, ref := range d.OwnerReferences {
+			if ref.Kind == dataClaimGVK.Kind {
+				answered[ref.Name] = true
+			}
+		}
+	}
+	for _, dc := range dataClaims.Items {
+		if !answered[dc.Name] && dc.DeletionTimestamp == nil {
+			return false
+		}
+	}
+	return true
+}
+
 // waitForAnswers waits, at most IdleWait, until the claims of the admission token are created and
 // answered by the IPAM. Claims it gave up on do not count toward the IPAM being behind: the
 // admission already paid for that IPAM's slowness, and its hand-over must not pay again.
@@ -120,7 +151,7 @@ func (c *Creations) waitForAnswers(ctx context.Context, key types.NamespacedName
 		if !created {
 			return false, nil
 		}
-		waiting, absent := unansweredClaims(ctx, c.Claims, key.Namespace, refs)
+		waiting, absent := unansweredClaims(ctx, c.Cache, key.Namespace, refs)
 		return waiting+absent == 0, nil
 	})
 	if err != nil {
