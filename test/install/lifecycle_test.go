@@ -24,6 +24,7 @@ import (
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -189,6 +190,36 @@ func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 		return nil
 	})
 
+	// A claim whose create fails after the answer is left to CAPM3 too: here a quota forbids
+	// IPAddressClaims (its status set by hand, as no quota controller runs here). The Metal3Data
+	// gets a Warning Event, and claims_total counts the failure.
+	quota := &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "no-ipaddressclaims", Namespace: w.ns},
+		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"count/ipaddressclaims.ipam.cluster.x-k8s.io": resource.MustParse("0")}},
+	}
+	if err := cp.Client.Create(ctx, quota); err != nil {
+		t.Fatal(err)
+	}
+	quota.Status = corev1.ResourceQuotaStatus{Hard: quota.Spec.Hard, Used: quota.Spec.Hard}
+	if err := cp.Client.Status().Update(ctx, quota); err != nil {
+		t.Fatal(err)
+	}
+	failed, err := w.admit(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forbidden := failed.Name + "-" + fixtures.ExternalPool
+	harness.Eventually(t, 30*time.Second, func() error {
+		out := kubectl(t, nil, "events", "-n", w.ns, "--for", "metal3data/"+failed.Name, "--types=Warning")
+		if !strings.Contains(out, "PreallocationIncomplete") || !strings.Contains(out, "IPAddressClaim "+forbidden+" left to CAPM3") {
+			return fmt.Errorf("no Warning Event naming %s on Metal3Data %s: %q", forbidden, failed.Name, out)
+		}
+		return nil
+	})
+	if err := cp.Client.Delete(ctx, quota); err != nil {
+		t.Fatal(err)
+	}
+
 	// The version, as the binary and the metrics (read with the metrics-reader role) tell it.
 	if out, err := exec.CommandContext(ctx, pod.Binary, "--version").Output(); err != nil || !strings.HasPrefix(string(out), "ip-preallocator "+version+" ") {
 		t.Errorf("--version: %q %v", out, err)
@@ -205,6 +236,7 @@ func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 	for _, want := range []string{
 		`ip_preallocator_build_info{goversion=`, `version="` + version + `"} 1`,
 		`ip_preallocator_admissions_total{outcome="preallocated"`, `ip_preallocator_admissions_total{outcome="partial"`,
+		`ip_preallocator_claims_total{kind="IPAddressClaim",outcome="failed"}`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
