@@ -426,6 +426,35 @@ func TestIdleAdmissionWaitsForTheAnswers(t *testing.T) {
 			if got := a.IPAMLag.behind(time.Now().Add(time.Second)); got != tc.behindAfter {
 				t.Errorf("IPAM behind after the admission: %v, want %v", got, tc.behindAfter)
 			}
+			// Once a wait gave up, the next idle admission does not wait.
+			if gaveUp := tc.idleWait > 0 && tc.idleWait < answer; gaveUp {
+				start = time.Now()
+				a.Admitted(context.Background(), dataKey, "t2", "t2", planned(), "")
+				if took := time.Since(start); took > tc.idleWait {
+					t.Errorf("the admission after the wait gave up took %v", took)
+				}
+				created(t, a)
+			}
 		})
+	}
+}
+
+// TestIdleWaitResumesWithAnAnswer: after an idle admission gave up on the IPAM, idle admissions
+// wait again only once the IPAM answers a claim, not when an answered claim merely changes.
+func TestIdleWaitResumesWithAnAnswer(t *testing.T) {
+	l := &IPAMLag{}
+	handler := l.ClaimEvents()
+	l.gaveUp(planned())
+	unanswered := &ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "other"}}
+	answered := unanswered.DeepCopy()
+	answered.Status.Address = &corev1.ObjectReference{Name: "other"}
+	handler.OnAdd(answered, false)
+	handler.OnUpdate(answered, answered)
+	if l.answering() {
+		t.Fatal("an answered claim that changed resumed the idle wait")
+	}
+	handler.OnUpdate(unanswered, answered)
+	if !l.answering() {
+		t.Error("the IPAM's answer did not resume the idle wait")
 	}
 }

@@ -84,7 +84,8 @@ func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, toke
 	if behind {
 		v.answerBy = now.Add(c.IPAMWait)
 	}
-	idle := !behind && c.IdleWait > 0 && c.Cache != nil && len(claims) > 0 && c.alone(ctx, key.Namespace, claims[0].DataClaim)
+	idle := !behind && c.IdleWait > 0 && c.Cache != nil && len(claims) > 0 && c.IPAMLag.answering() &&
+		c.alone(ctx, key.Namespace, claims[0].DataClaim)
 	c.Admissions.admit(key, v)
 	if len(claims) == 0 {
 		return
@@ -141,8 +142,7 @@ func (c *Creations) alone(ctx context.Context, namespace, dataClaim string) bool
 }
 
 // waitForAnswers waits, at most IdleWait, until the claims of the admission token are created and
-// answered by the IPAM. Claims it gave up on do not count toward the IPAM being behind: the
-// admission already paid for that IPAM's slowness, and its hand-over must not pay again.
+// answered by the IPAM, and tells the lag detector when it gives up.
 func (c *Creations) waitForAnswers(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim) {
 	ctx, cancel := context.WithTimeout(ctx, c.IdleWait)
 	defer cancel()
@@ -155,7 +155,7 @@ func (c *Creations) waitForAnswers(ctx context.Context, key types.NamespacedName
 		return waiting+absent == 0, nil
 	})
 	if err != nil {
-		c.IPAMLag.forget(claims)
+		c.IPAMLag.gaveUp(claims)
 	}
 }
 

@@ -29,6 +29,9 @@ type IPAMLag struct {
 	// inFlight are the claims this replica created that the IPAM has not answered yet, with
 	// when their create returned (zero while it is in flight).
 	inFlight map[claimKey]time.Time
+	// silent is set when an idle admission gave up waiting for the IPAM's answers, and cleared by
+	// the next answer: an IPAM that is down would otherwise cost every idle admission the wait.
+	silent bool
 }
 
 // claimKey names a claim: its kind and its object key.
@@ -95,18 +98,31 @@ func (l *IPAMLag) created(claims []allocation.Claim, results []allocation.Result
 	}
 }
 
-// forget stops counting the claims toward the IPAM being behind.
-func (l *IPAMLag) forget(claims []allocation.Claim) {
+// gaveUp records that an idle admission gave up waiting for the answers to claims: they do not
+// count toward the IPAM being behind (the admission paid for its slowness already), and no idle
+// admission waits until the IPAM answers a claim.
+func (l *IPAMLag) gaveUp(claims []allocation.Claim) {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.silent = true
 	for _, c := range claims {
 		if k, ok := claimKeyOf(c.Object); ok {
 			delete(l.inFlight, k)
 		}
 	}
+}
+
+// answering tells whether an idle admission may wait for the IPAM's answers.
+func (l *IPAMLag) answering() bool {
+	if l == nil {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.silent
 }
 
 // behind tells whether the IPAM is behind at now.
@@ -151,9 +167,18 @@ func (l *IPAMLag) ClaimEvents() toolscache.ResourceEventHandler {
 			forget(claim)
 		}
 	}
+	answered := func(old, obj any) {
+		seen(obj)
+		before, ok := old.(client.Object)
+		if claim, isClaim := obj.(client.Object); ok && isClaim && !allocation.Answered(before) && allocation.Answered(claim) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.silent = false
+		}
+	}
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    seen,
-		UpdateFunc: func(_, obj any) { seen(obj) },
+		UpdateFunc: answered,
 		DeleteFunc: forget,
 	}
 }
