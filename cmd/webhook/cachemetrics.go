@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -13,6 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 )
 
 // registerCacheSizes exports, when scraped, how many objects of each kind the informer cache holds.
@@ -49,7 +50,7 @@ func registerCacheSizes(c cache.Cache, scheme *runtime.Scheme, objs []client.Obj
 			ConstLabels: prometheus.Labels{"kind": gvk.Kind, "content": content},
 		}, func() float64 {
 			list, _ := newList()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), clock.MetricsRead)
 			defer cancel()
 			if err := c.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
 				return -1

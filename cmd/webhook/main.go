@@ -17,7 +17,6 @@ import (
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/component-base/logs"
@@ -35,28 +34,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/metal3-community/ip-preallocator/pkg/addresses"
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/answers"
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 	"github.com/metal3-community/ip-preallocator/pkg/handover"
+	"github.com/metal3-community/ip-preallocator/pkg/index"
 	"github.com/metal3-community/ip-preallocator/pkg/mutate"
+	"github.com/metal3-community/ip-preallocator/pkg/release"
 	"github.com/metal3-community/ip-preallocator/pkg/validate"
 )
 
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
-
-// What only a change of the code would tune (docs/design.md says why each is what it is).
-const (
-	// claimCreationTimeout bounds the creation of one admission's claims, retries included.
-	claimCreationTimeout = 10 * time.Second
-	// claimWait bounds how long an admission waits for its claims' create requests to be sent.
-	claimWait = 50 * time.Millisecond
-	// reusedNameHoldoff leaves a deleted Metal3Data's name to CAPM3, whose lagging cache releases by name.
-	reusedNameHoldoff = 10 * time.Second
-	// idleAnswerWait bounds how long an admission alone in its namespace waits for the IPAM's answers.
-	idleAnswerWait = time.Second
-	// concurrency is how many objects each controller reconciles at once.
-	concurrency = 10
-)
 
 type options struct {
 	manager          flags.ManagerOptions
@@ -97,25 +87,27 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"Serve HTTP/2 on the webhook and metrics servers (off because of CVE-2023-44487 and CVE-2023-39325).")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false,
 		"Elect a leader among replicas for the controllers; the webhook is served by every replica.")
-	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second,
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", clock.Lease,
 		"How long a non-leader waits before it forces a stale lease.")
-	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second,
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", clock.RenewDeadline,
 		"How long the leader retries renewing its lease before it gives up.")
-	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second,
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", clock.RetryPeriod,
 		"How long candidates wait between attempts to acquire or renew the lease.")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "",
 		"Namespace of the leader election lease; defaults to the pod's namespace.")
 	fs.BoolVar(&o.bmhNameBased, "enable-bmh-name-based-preallocation", false,
 		"Name IPClaims <baremetalhost>-<pool> like CAPM3 with the same flag; set it exactly as CAPM3's.")
-	fs.DurationVar(&o.admissionTimeout, "admission-timeout", 3*time.Second,
-		"How long one admission may take, from the request's start; the API server's own timeout for the call, when shorter, bounds it too.")
-	fs.DurationVar(&o.releaseGrace, "release-grace-period", 2*time.Minute,
+	fs.DurationVar(&o.admissionTimeout, "admission-timeout", clock.AdmissionTimeout,
+		"How long one admission may take from the request's start; the API server's timeout for the call bounds it too.")
+	fs.DurationVar(&o.releaseGrace, "release-grace-period", clock.ReleaseGrace,
 		"How long a preallocated claim waits for its Metal3Data to be stored before it is released.")
-	fs.DurationVar(&o.releaseHold, "release-hold-limit", 10*time.Minute,
-		"How long past the grace period a claim is kept while the IPAM has not answered it, while its Metal3DataClaim still waits for data (CAPM3 retries the Metal3Data's create, which reclaims it), or while another claim of its pool waits for the IPAM; and how long after its deletion a waiting claim someone deleted keeps CAPM3's finalizer while its pool is busy.")
-	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", 30*time.Second,
-		"When the IPAM is behind (a claim this replica created has waited between 250ms and 3s for its answer), how long after the admission the hand-over waits for the IPAM to answer every claim of the stored Metal3Data; a take-over waits for the answers as long; 0 hands over at once.")
-	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", 5*time.Second,
+	fs.DurationVar(&o.releaseHold, "release-hold-limit", clock.ReleaseHold,
+		"How long past the grace period a claim is held (unanswered, its Metal3DataClaim waiting, its pool busy),\n"+
+			"and a deleted waiting claim keeps CAPM3's finalizer while its pool is busy.")
+	fs.DurationVar(&o.ipamWait, "handover-ipam-wait", clock.IPAMWait,
+		"While the IPAM is behind, how long after the admission a hand-over (or take-over) waits for the IPAM\n"+
+			"to answer every claim of the stored Metal3Data; 0 hands over at once.")
+	fs.DurationVar(&o.handOverDelay, "handover-takeover-delay", clock.TakeOverDelay,
 		"How long every replica leaves a stored Metal3Data's claims to the replica that admitted it before it hands them over itself.")
 	fs.StringVar(&o.namespace, "namespace", "",
 		"The one namespace to serve, as CAPM3's flag of the same name; empty for all.")
@@ -195,7 +187,7 @@ func run(ctx context.Context, o options) error {
 	if err := registerCacheSizes(mgr.GetCache(), scheme, cached(o.ipamWait > 0)); err != nil {
 		return err
 	}
-	admissions := &handover.Admissions{TTL: o.releaseGrace}
+	admissions := handover.NewAdmissions(o.releaseGrace)
 	creations, err := setupCreations(ctx, mgr, o, admissions)
 	if err != nil {
 		return err
@@ -264,8 +256,8 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 	creations := &handover.Creations{
 		Admissions: admissions,
 		Creator:    &allocation.Creator{Client: mgr.GetClient(), Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader()},
-		Timeout:    claimCreationTimeout,
-		Wait:       claimWait,
+		Timeout:    clock.ClaimCreation,
+		Wait:       clock.CreatesOnWire,
 		IPAMWait:   o.ipamWait,
 	}
 	if err := mgr.Add(creations); err != nil {
@@ -274,22 +266,22 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 	if o.ipamWait <= 0 {
 		return creations, nil
 	}
-	creations.IPAMLag = &handover.IPAMLag{}
-	creations.IdleWait, creations.Cache = idleAnswerWait, mgr.GetClient()
+	creations.Answers = answers.NewWatcher(mgr.GetClient())
+	creations.IdleWait, creations.Cache = clock.IdleAnswerWait, mgr.GetClient()
 	for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
 		informer, err := mgr.GetCache().GetInformer(ctx, claim)
 		if err != nil {
 			return nil, fmt.Errorf("getting %s: %w", informerOf(claim), err)
 		}
-		if _, err := informer.AddEventHandler(creations.IPAMLag.ClaimEvents()); err != nil {
-			return nil, fmt.Errorf("adding the IPAM lag handler to %s: %w", informerOf(claim), err)
+		if _, err := informer.AddEventHandler(creations.Answers.ClaimEvents()); err != nil {
+			return nil, fmt.Errorf("adding the IPAM answers handler to %s: %w", informerOf(claim), err)
 		}
 	}
 	return creations, nil
 }
 
 func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *runtime.Scheme, creations *handover.Creations) error {
-	deletions := &mutate.Deletions{Window: reusedNameHoldoff}
+	deletions := mutate.NewDeletions(clock.ReusedNameHoldoff)
 	dataMetadata := allocation.Metadata(allocation.Metal3DataGVK)
 	dataInformer, err := mgr.GetCache().GetInformer(ctx, dataMetadata)
 	if err != nil {
@@ -315,31 +307,31 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *run
 }
 
 func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, admissions *handover.Admissions, creations *handover.Creations) error {
-	for _, gvk := range []schema.GroupVersionKind{allocation.IPClaimGVK, allocation.IPAddressClaimGVK} {
-		if err := handover.IndexWaitingFor(ctx, mgr, gvk); err != nil {
-			return err
-		}
-		release := &handover.Release{
+	if err := index.Setup(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	for _, gvk := range index.ClaimGVKs {
+		if err := (&release.Release{
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
 			GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, ClaimGVK: gvk,
-		}
-		if err := release.SetupWithManager(mgr, concurrency); err != nil {
+		}).SetupWithManager(mgr); err != nil {
 			return err
 		}
 	}
 	if err := (&handover.HandOver{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("ip-preallocator"),
-		Admissions: admissions, Created: creations.Created(), TakeOverDelay: o.handOverDelay, IPAMWait: o.ipamWait,
-	}).SetupWithManager(mgr, concurrency); err != nil {
+		Admissions: admissions, Created: creations.Created(), Answers: creations.Answers,
+		TakeOverDelay: o.handOverDelay, IPAMWait: o.ipamWait,
+	}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&handover.Surplus{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(ctx, mgr, concurrency)
+	return (&addresses.Addresses{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr)
 }
 
 // cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.
 func cacheSynced(c cache.Cache) healthz.Checker {
 	return func(req *http.Request) error {
-		ctx, cancel := context.WithTimeout(req.Context(), 50*time.Millisecond)
+		ctx, cancel := context.WithTimeout(req.Context(), clock.ReadyPoll)
 		defer cancel()
 		if !c.WaitForCacheSync(ctx) {
 			return errors.New("informer caches have not synced yet")

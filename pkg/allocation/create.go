@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 )
 
 // Outcome is what became of one planned claim.
@@ -139,7 +141,7 @@ func Usable(ctx context.Context, r client.Reader, dataName string, claim Claim) 
 		return "", err
 	case existing == nil:
 		return claim.Object.GetName(), nil
-	case !isPreallocatedFor(existing, dataName):
+	case !WaitsFor(existing, dataName):
 		return "", foreign(claim, existing)
 	}
 	return existing.GetName(), nil
@@ -163,15 +165,10 @@ func Metadata(gvk schema.GroupVersionKind) *metav1.PartialObjectMetadata {
 	return m
 }
 
-func isPreallocatedFor(claim metav1.Object, dataName string) bool {
-	return claim.GetAnnotations()[PreallocatedForAnnotation] == dataName &&
-		len(claim.GetOwnerReferences()) == 0 && claim.GetDeletionTimestamp() == nil
-}
-
 // classify tells what an existing claim is to this admission, and reclaims it when it is ours.
 func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Object, dataName, token string, sent func()) Result {
 	name := existing.GetName()
-	if !isPreallocatedFor(existing, dataName) {
+	if !WaitsFor(existing, dataName) {
 		return Result{Claim: claim, Name: name, Outcome: Foreign, Err: foreign(claim, existing)}
 	}
 	// The IPAM writes the claim too; a reclaim that lost that race reads it again.
@@ -191,7 +188,7 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 			foreign = !ours
 			return nil
 		}
-		if !isPreallocatedFor(full, dataName) || !equality.Semantic.DeepEqual(specOf(full), specOf(claim.Object)) {
+		if !WaitsFor(full, dataName) || !equality.Semantic.DeepEqual(specOf(full), specOf(claim.Object)) {
 			foreign = true
 			return nil
 		}
@@ -221,7 +218,7 @@ func (c *Creator) storedWith(ctx context.Context, namespace, name string, uid ty
 	return data.UID == uid && data.Annotations[AdmissionAnnotation] == token, nil
 }
 
-var createBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 8, Cap: 2 * time.Second}
+var createBackoff = wait.Backoff{Duration: clock.CreateRetryFirst, Factor: 2, Jitter: 0.2, Steps: clock.CreateRetries, Cap: clock.CreateRetryCap}
 
 // withRetries returns fn's last error, where client-go's retry.OnError turns a deadline into success.
 func withRetries(ctx context.Context, retriable func(error) bool, fn func() error) error {

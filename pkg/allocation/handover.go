@@ -262,13 +262,3 @@ func Answered(claim client.Object) bool {
 	}
 	return false
 }
-
-// Metal3DataOwner is the claim's Metal3Data owner reference, which CAPM3 maps its events by.
-func Metal3DataOwner(claim metav1.Object) *metav1.OwnerReference {
-	for _, ref := range claim.GetOwnerReferences() {
-		if ref.Kind == Metal3DataGVK.Kind {
-			return &ref
-		}
-	}
-	return nil
-}

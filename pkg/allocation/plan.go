@@ -47,6 +47,8 @@ var (
 	IPAddressClaimGVK = capipamv1.GroupVersion.WithKind(KindIPAddressClaim)
 	// Metal3DataGVK is the version CAPM3 v1.13 serves Metal3Data in, and the webhook reads them in.
 	Metal3DataGVK = infrav1.GroupVersion.WithKind("Metal3Data")
+	// Metal3DataClaimGVK is the version of the Metal3DataClaim a Metal3Data answers.
+	Metal3DataClaimGVK = infrav1.GroupVersion.WithKind("Metal3DataClaim")
 )
 
 // Claim is the claim CAPM3 would create for one pool of one Metal3Data.

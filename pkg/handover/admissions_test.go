@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/metal3-community/ip-preallocator/pkg/answers"
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
+
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
@@ -20,13 +23,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
-	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/metal3-community/ip-preallocator/internal/controllertest"
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
@@ -42,7 +44,7 @@ func planned() []allocation.Claim {
 }
 
 func newCreations(c client.Client) *Creations {
-	return &Creations{Admissions: &Admissions{TTL: time.Minute}, Timeout: 5 * time.Second, Wait: 100 * time.Millisecond,
+	return &Creations{Admissions: NewAdmissions(time.Minute), Timeout: 5 * time.Second, Wait: 100 * time.Millisecond,
 		Creator: &allocation.Creator{Client: c, Cache: c, APIReader: c}}
 }
 
@@ -63,10 +65,10 @@ func created(t *testing.T, a *Creations) {
 // and only then does the hand-over see them (a Metal3Data stored meanwhile waits for them).
 func TestAdmittedCreatesAfterTheAnswer(t *testing.T) {
 	release := make(chan struct{})
-	c := newClient(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+	c := controllertest.IndexedClient(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 		<-release
 		return c.Create(ctx, obj, opts...)
-	}}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
+	}}, controllertest.Metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
 	a := newCreations(c)
 	recorder := events.NewFakeRecorder(10)
 	h := &HandOver{Client: c, APIReader: c, Recorder: recorder, Admissions: a.Admissions, TakeOverDelay: time.Hour}
@@ -101,7 +103,7 @@ func TestAdmittedCreatesAfterTheAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"tmpl-0-a", "tmpl-0-b"} {
-		if owners := ownedBy(t, c, name); len(owners) != 1 || owners[0].UID != "data-uid" {
+		if owners := controllertest.OwnersOf(t, c, name); len(owners) != 1 || owners[0].UID != "data-uid" {
 			t.Errorf("%s owners %v", name, owners)
 		}
 	}
@@ -113,12 +115,12 @@ func TestAdmittedCreatesAfterTheAnswer(t *testing.T) {
 // TestCreationFailureIsAWarningEvent: a claim that cannot be created is left to CAPM3, the
 // others are handed over, and the Metal3Data gets a Warning Event naming it.
 func TestCreationFailureIsAWarningEvent(t *testing.T) {
-	c := newClient(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+	c := controllertest.IndexedClient(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 		if obj.GetName() == "tmpl-0-b" {
 			return apierrors.NewForbidden(allocation.IPClaimGVK.GroupVersion().WithResource("ipclaims").GroupResource(), obj.GetName(), errors.New("quota"))
 		}
 		return c.Create(ctx, obj, opts...)
-	}}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
+	}}, controllertest.Metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"))
 	a := newCreations(c)
 	recorder := events.NewFakeRecorder(10)
 	h := &HandOver{Client: c, APIReader: c, Recorder: recorder, Admissions: a.Admissions, TakeOverDelay: time.Hour}
@@ -136,7 +138,7 @@ func TestCreationFailureIsAWarningEvent(t *testing.T) {
 	}) {
 		t.Errorf("events %q lack the warning", got)
 	}
-	if owners := ownedBy(t, c, "tmpl-0-a"); len(owners) != 1 {
+	if owners := controllertest.OwnersOf(t, c, "tmpl-0-a"); len(owners) != 1 {
 		t.Errorf("tmpl-0-a not handed over: %v", owners)
 	}
 	if _, _, ok := a.Admissions.claims(dataKey, "t1"); ok {
@@ -147,10 +149,10 @@ func TestCreationFailureIsAWarningEvent(t *testing.T) {
 // TestClaimCAPM3CreatedFirstIsLeftAlone: CAPM3 may reconcile before a claim is created; its claim
 // is never touched, and only ours are handed over.
 func TestClaimCAPM3CreatedFirstIsLeftAlone(t *testing.T) {
-	capm3s := claim("tmpl-0-b", "")
+	capm3s := controllertest.WaitingClaim("tmpl-0-b", "")
 	capm3s.Annotations = nil
-	capm3s.OwnerReferences = []metav1.OwnerReference{allocation.OwnerReference(metal3Data("", ""))}
-	c := newClient(interceptor.Funcs{}, metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), capm3s)
+	capm3s.OwnerReferences = []metav1.OwnerReference{allocation.OwnerReference(controllertest.Metal3Data("", ""))}
+	c := controllertest.IndexedClient(interceptor.Funcs{}, controllertest.Metal3Data("t1", "IPClaim/tmpl-0-a,IPClaim/tmpl-0-b"), capm3s)
 	a := newCreations(c)
 	a.Admitted(context.Background(), dataKey, "t1", "t1", planned(), "")
 	created(t, a)
@@ -168,7 +170,7 @@ func TestClaimCAPM3CreatedFirstIsLeftAlone(t *testing.T) {
 // TestShutdownWaitsForCreations: a replica that stops lets the creations in flight finish.
 func TestShutdownWaitsForCreations(t *testing.T) {
 	release := make(chan struct{})
-	c := newClient(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+	c := controllertest.IndexedClient(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 		<-release
 		return c.Create(ctx, obj, opts...)
 	}})
@@ -193,7 +195,7 @@ func TestShutdownWaitsForCreations(t *testing.T) {
 		t.Fatal("did not stop once the creation finished")
 	}
 	for _, name := range []string{"tmpl-0-a", "tmpl-0-b"} {
-		ownedBy(t, c, name) // exists
+		controllertest.OwnersOf(t, c, name) // exists
 	}
 }
 
@@ -220,8 +222,8 @@ func TestAdmissionWaitsUntilTheCreatesAreSent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache := newClient(interceptor.Funcs{})
-	a := &Creations{Admissions: &Admissions{TTL: time.Minute}, Timeout: 10 * time.Second, Wait: 5 * time.Second,
+	cache := controllertest.IndexedClient(interceptor.Funcs{})
+	a := &Creations{Admissions: NewAdmissions(time.Minute), Timeout: 10 * time.Second, Wait: 5 * time.Second,
 		Creator: &allocation.Creator{Client: c, Cache: cache, APIReader: cache}}
 	for i, name := range []string{"tmpl-0", "tmpl-1"} {
 		start := time.Now()
@@ -233,11 +235,11 @@ func TestAdmissionWaitsUntilTheCreatesAreSent(t *testing.T) {
 
 	unsent := make(chan struct{})
 	defer close(unsent)
-	held := newClient(interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+	held := controllertest.IndexedClient(interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
 		<-unsent
 		return nil
 	}})
-	a = &Creations{Admissions: &Admissions{TTL: time.Minute}, Timeout: 10 * time.Second, Wait: 200 * time.Millisecond,
+	a = &Creations{Admissions: NewAdmissions(time.Minute), Timeout: 10 * time.Second, Wait: 200 * time.Millisecond,
 		Creator: &allocation.Creator{Client: held, Cache: cache, APIReader: cache}}
 	start := time.Now()
 	a.Admitted(context.Background(), dataKey, "t2", "t2", planned(), "")
@@ -247,16 +249,16 @@ func TestAdmissionWaitsUntilTheCreatesAreSent(t *testing.T) {
 }
 
 // TestHandOverWaitsOnlyWhileTheIPAMIsBehind: an admission's hand-over waits for the IPAM only
-// while a claim this replica created has waited more than ipamBehind for its answer, and not for
-// claims unanswered longer than ipamGivenUp (the IPAM is down or failed them), however long
+// while a claim this replica created has waited more than clock.IPAMBehind for its answer, and not for
+// claims unanswered longer than clock.IPAMGivenUp (the IPAM is down or failed them), however long
 // IPAMWait.
 func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
-	c := newClient(interceptor.Funcs{})
+	c := controllertest.IndexedClient(interceptor.Funcs{})
 	a := newCreations(c)
 	a.IPAMWait = 30 * time.Second
-	a.IPAMLag = &IPAMLag{}
-	claimEvents := a.IPAMLag.ClaimEvents()
-	behind := func() bool { return a.IPAMLag.behind(time.Now()) }
+	a.Answers = answers.NewWatcher(c)
+	claimEvents := a.Answers.ClaimEvents()
+	behind := func() bool { return a.Answers.Behind(time.Now()) }
 	admit := func(name string) time.Time {
 		t.Helper()
 		key := types.NamespacedName{Namespace: dataKey.Namespace, Name: name}
@@ -269,25 +271,16 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s: claims not created", name)
 		}
-		a.Admissions.mu.Lock()
-		defer a.Admissions.mu.Unlock()
-		return a.Admissions.pending[key].answerBy
-	}
-	age := func(d time.Duration) {
-		a.IPAMLag.mu.Lock()
-		defer a.IPAMLag.mu.Unlock()
-		for k := range a.IPAMLag.inFlight {
-			a.IPAMLag.inFlight[k] = time.Now().Add(-d)
-		}
+		v, _ := a.Admissions.records.Get(key)
+		return v.answerBy
 	}
 	if answerBy := admit("tmpl-0"); !answerBy.IsZero() {
 		t.Errorf("first admission waits for the IPAM until %v", answerBy)
 	}
-	age(0)
 	if answerBy := admit("tmpl-1"); !answerBy.IsZero() {
-		t.Errorf("claims unanswered for less than %v: waits for the IPAM until %v", ipamBehind, answerBy)
+		t.Errorf("claims unanswered for less than %v: waits for the IPAM until %v", clock.IPAMBehind, answerBy)
 	}
-	age(time.Second)
+	time.Sleep(clock.IPAMBehind + 50*time.Millisecond)
 	if wait := time.Until(admit("tmpl-2")); wait <= a.IPAMWait-time.Second || wait > a.IPAMWait {
 		t.Errorf("claims unanswered for a second: waits for the IPAM for %v, want IPAMWait", wait)
 	}
@@ -307,57 +300,9 @@ func TestHandOverWaitsOnlyWhileTheIPAMIsBehind(t *testing.T) {
 	if answerBy := admit("tmpl-3"); !answerBy.IsZero() {
 		t.Errorf("every earlier claim answered: waits for the IPAM until %v", answerBy)
 	}
-	age(ipamGivenUp + time.Second)
+	time.Sleep(clock.IPAMGivenUp + 50*time.Millisecond)
 	if answerBy := admit("tmpl-4"); !answerBy.IsZero() {
-		t.Errorf("claims unanswered for longer than %v: waits for the IPAM until %v", ipamGivenUp, answerBy)
-	}
-}
-
-// TestClaimEventsForgetAnswersAndDeletions: a claim leaves the unanswered ones when the IPAM
-// answers it, whatever its kind, when it is deleted (tombstones too), and when admission did not
-// create it or its creation has no result; a claim in creation has no clock yet.
-func TestClaimEventsForgetAnswersAndDeletions(t *testing.T) {
-	a := &IPAMLag{}
-	handler := a.ClaimEvents()
-	data := &infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: dataKey.Name}}
-	claims := allocation.Plan(data, []allocation.PoolRef{
-		{Name: "a", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind},
-		{Name: "b", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind},
-		{Name: "c", APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool"},
-		{Name: "d", APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool"},
-	}, data.Name, false)
-	a.track(claims)
-	if a.behind(time.Now().Add(time.Hour)) {
-		t.Fatal("claims in creation counted as behind")
-	}
-	// tmpl-0-b was reused, tmpl-0-d has no result (its creation failed midway): both forgotten.
-	results := make([]allocation.Result, len(claims)-1)
-	for i, c := range claims[:len(claims)-1] {
-		results[i] = allocation.Result{Claim: c, Name: c.Object.GetName(), Outcome: allocation.Created}
-	}
-	results[1].Outcome = allocation.Reused
-	a.created(claims, results)
-	unanswered := func() []string {
-		var out []string
-		for k := range a.inFlight {
-			out = append(out, k.kind+"/"+k.Name)
-		}
-		slices.Sort(out)
-		return out
-	}
-	if got := unanswered(); !slices.Equal(got, []string{"IPAddressClaim/tmpl-0-c", "IPClaim/tmpl-0-a"}) {
-		t.Fatalf("unanswered after the creates: %v", got)
-	}
-	address := &capipamv1.IPAddressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "tmpl-0-c"}}
-	address.Status.AddressRef.Name = "tmpl-0-c"
-	handler.OnUpdate(address, address)
-	if got := unanswered(); !slices.Equal(got, []string{"IPClaim/tmpl-0-a"}) {
-		t.Errorf("unanswered after an IPAddressClaim's answer: %v", got)
-	}
-	handler.OnDelete(toolscache.DeletedFinalStateUnknown{Obj: &ipamv1.IPClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "tmpl-0-a"}}})
-	if got := unanswered(); len(got) != 0 {
-		t.Errorf("unanswered after a deletion: %v", got)
+		t.Errorf("claims unanswered for longer than %v: waits for the IPAM until %v", clock.IPAMGivenUp, answerBy)
 	}
 }
 
@@ -408,12 +353,15 @@ func TestIdleAdmissionWaitsForTheAnswers(t *testing.T) {
 			if tc.other {
 				objs = append(objs, &infrav1.Metal3DataClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "waiting"}})
 			}
-			c := newClient(interceptor.Funcs{}, objs...)
+			c := controllertest.IndexedClient(interceptor.Funcs{}, objs...)
 			a := newCreations(c)
-			a.IdleWait, a.Cache, a.IPAMLag = tc.idleWait, c, &IPAMLag{}
+			a.IdleWait, a.Cache, a.Answers = tc.idleWait, c, answers.NewWatcher(c)
 			if tc.behind {
-				lagging := claimKey{allocation.KindIPClaim, types.NamespacedName{Namespace: dataKey.Namespace, Name: "lagging"}}
-				a.IPAMLag.inFlight = map[claimKey]time.Time{lagging: time.Now().Add(-time.Second)}
+				lagging := allocation.Plan(&infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "tmpl-9"}},
+					[]allocation.PoolRef{{Name: "a", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind}}, "tmpl-9", false)
+				a.Answers.Track(lagging)
+				a.Answers.Created(lagging, []allocation.Result{{Claim: lagging[0], Outcome: allocation.Created}})
+				time.Sleep(clock.IPAMBehind + 50*time.Millisecond)
 			}
 			go answerAfter(t, c, answer)
 			start := time.Now()
@@ -423,7 +371,7 @@ func TestIdleAdmissionWaitsForTheAnswers(t *testing.T) {
 				t.Errorf("Admitted took %v, want between %v and %v", took, tc.atLeast, tc.atMost)
 			}
 			created(t, a)
-			if got := a.IPAMLag.behind(time.Now().Add(time.Second)); got != tc.behindAfter {
+			if got := a.Answers.Behind(time.Now().Add(time.Second)); got != tc.behindAfter {
 				t.Errorf("IPAM behind after the admission: %v, want %v", got, tc.behindAfter)
 			}
 			// Once a wait gave up, the next idle admission does not wait.
@@ -436,25 +384,5 @@ func TestIdleAdmissionWaitsForTheAnswers(t *testing.T) {
 				created(t, a)
 			}
 		})
-	}
-}
-
-// TestIdleWaitResumesWithAnAnswer: after an idle admission gave up on the IPAM, idle admissions
-// wait again only once the IPAM answers a claim, not when an answered claim merely changes.
-func TestIdleWaitResumesWithAnAnswer(t *testing.T) {
-	l := &IPAMLag{}
-	handler := l.ClaimEvents()
-	l.gaveUp(planned())
-	unanswered := &ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{Namespace: dataKey.Namespace, Name: "other"}}
-	answered := unanswered.DeepCopy()
-	answered.Status.Address = &corev1.ObjectReference{Name: "other"}
-	handler.OnAdd(answered, false)
-	handler.OnUpdate(answered, answered)
-	if l.answering() {
-		t.Fatal("an answered claim that changed resumed the idle wait")
-	}
-	handler.OnUpdate(unanswered, answered)
-	if !l.answering() {
-		t.Error("the IPAM's answer did not resume the idle wait")
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/answers"
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 )
 
 // Creations creates, in the background, the claims an admission recorded, and tells the
@@ -26,9 +28,9 @@ type Creations struct {
 	Timeout time.Duration
 	// Wait bounds how long an admission waits for its claims' create requests to be sent.
 	Wait time.Duration
-	// IPAMLag, when set, makes the hand-over of an admission made while the IPAM is behind wait
+	// Answers, when set, makes the hand-over of an admission made while the IPAM is behind wait
 	// up to IPAMWait for the IPAM's answers.
-	IPAMLag  *IPAMLag
+	Answers  *answers.Watcher
 	IPAMWait time.Duration
 	// IdleWait, when set with Cache, makes an admission alone in its namespace wait up to IdleWait,
 	// within its deadline, for the IPAM's answers: the IPAM's writes then come before the hand-over,
@@ -36,7 +38,7 @@ type Creations struct {
 	// Metal3Data. Never in a burst or backlog, where CAPM3's template loop would wait for each
 	// admission in turn.
 	IdleWait time.Duration
-	// Cache holds whole claims and the metadata of Metal3DataClaims and Metal3Data.
+	// Cache holds the metadata of Metal3DataClaims and Metal3Data.
 	Cache client.Reader
 
 	running  sync.WaitGroup
@@ -47,7 +49,7 @@ type Creations struct {
 
 func (c *Creations) init() {
 	c.once.Do(func() {
-		c.done = make(chan event.GenericEvent, 1024)
+		c.done = make(chan event.GenericEvent, clock.CreatedQueue)
 		c.stopping = make(chan struct{})
 	})
 }
@@ -79,12 +81,12 @@ func (c *Creations) NeedLeaderElection() bool { return false }
 func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, token, dataToken string, claims []allocation.Claim, warning string) {
 	c.init()
 	now := time.Now()
-	v := &admitted{token: token, dataToken: dataToken, warning: warning, at: now, creating: len(claims) > 0}
-	behind := len(claims) > 0 && c.IPAMLag.behind(now)
+	v := admitted{token: token, dataToken: dataToken, warning: warning, creating: len(claims) > 0}
+	behind := len(claims) > 0 && c.Answers.Behind(now)
 	if behind {
 		v.answerBy = now.Add(c.IPAMWait)
 	}
-	idle := !behind && c.IdleWait > 0 && c.Cache != nil && len(claims) > 0 && c.IPAMLag.answering() &&
+	idle := !behind && c.IdleWait > 0 && c.Cache != nil && len(claims) > 0 && c.Answers.Answering() &&
 		c.alone(ctx, key.Namespace, claims[0].DataClaim)
 	c.Admissions.admit(key, v)
 	if len(claims) == 0 {
@@ -118,7 +120,7 @@ func (c *Creations) alone(ctx context.Context, namespace, dataClaim string) bool
 	datas := &metav1.PartialObjectMetadataList{}
 	datas.SetGroupVersionKind(allocation.Metal3DataGVK.GroupVersion().WithKind("Metal3DataList"))
 	dataClaims := &metav1.PartialObjectMetadataList{}
-	dataClaims.SetGroupVersionKind(dataClaimGVK.GroupVersion().WithKind("Metal3DataClaimList"))
+	dataClaims.SetGroupVersionKind(allocation.Metal3DataClaimGVK.GroupVersion().WithKind("Metal3DataClaimList"))
 	for _, list := range []*metav1.PartialObjectMetadataList{datas, dataClaims} {
 		if err := c.Cache.List(ctx, list, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
 			klog.FromContext(ctx).V(1).Info("Not waiting for the IPAM's answers", "error", fmt.Errorf("listing %s: %w", list.Kind, err))
@@ -128,7 +130,7 @@ func (c *Creations) alone(ctx context.Context, namespace, dataClaim string) bool
 	answered := map[string]bool{dataClaim: true}
 	for _, d := range datas.Items {
 		for _, ref := range d.OwnerReferences {
-			if ref.Kind == dataClaimGVK.Kind {
+			if ref.Kind == allocation.Metal3DataClaimGVK.Kind {
 				answered[ref.Name] = true
 			}
 		}
@@ -146,16 +148,16 @@ func (c *Creations) alone(ctx context.Context, namespace, dataClaim string) bool
 func (c *Creations) waitForAnswers(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim) {
 	ctx, cancel := context.WithTimeout(ctx, c.IdleWait)
 	defer cancel()
-	err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextCancel(ctx, clock.IdleAnswerPoll, true, func(ctx context.Context) (bool, error) {
 		refs, _, created := c.Admissions.claims(key, token)
 		if !created {
 			return false, nil
 		}
-		waiting, absent := unansweredClaims(ctx, c.Cache, key.Namespace, refs)
+		waiting, absent := c.Answers.Unanswered(ctx, key.Namespace, refs)
 		return waiting+absent == 0, nil
 	})
 	if err != nil {
-		c.IPAMLag.gaveUp(claims)
+		c.Answers.GaveUp(claims)
 	}
 }
 
@@ -171,8 +173,8 @@ func (c *Creations) create(key types.NamespacedName, token string, claims []allo
 			}
 		}()
 		start := time.Now()
-		c.IPAMLag.track(claims)
-		defer func() { c.IPAMLag.created(claims, results) }()
+		c.Answers.Track(claims)
+		defer func() { c.Answers.Created(claims, results) }()
 		results = c.Creator.Create(ctx, key.Name, token, claims, sent)
 		claimCreationSeconds.Observe(time.Since(start).Seconds())
 	}()

@@ -9,7 +9,7 @@ import (
 )
 
 func TestDeletionsForgetAfterWindow(t *testing.T) {
-	d := &Deletions{Window: 50 * time.Millisecond}
+	d := NewDeletions(50 * time.Millisecond)
 	key := types.NamespacedName{Namespace: "ns", Name: "tmpl-0"}
 	if _, ok := d.Since(key); ok {
 		t.Fatal("a name never deleted is reported")

@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 )
 
 // hostAnnotation is where the Metal3Machine controller records its BareMetalHost.
@@ -211,7 +212,7 @@ func deadline(ctx context.Context, timeout time.Duration) time.Time {
 	start, apiTimeout := requestTiming(ctx)
 	end := start.Add(timeout)
 	if apiTimeout > 0 {
-		if apiEnd := start.Add(apiTimeout * 4 / 5); apiEnd.Before(end) {
+		if apiEnd := start.Add(time.Duration(float64(apiTimeout) * clock.APIServerShare)); apiEnd.Before(end) {
 			end = apiEnd
 		}
 	}
@@ -343,7 +344,7 @@ func (p *Preallocator) metal3Machine(ctx context.Context, data *infrav1.Metal3Da
 	if data.Spec.Claim == nil || data.Spec.Claim.Name == "" {
 		return nil, skipf(ReasonObjectMissing, "spec.claim is not set")
 	}
-	claim := allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3DataClaim"))
+	claim := allocation.Metadata(allocation.Metal3DataClaimGVK)
 	if err := p.get(ctx, data.Namespace, data.Spec.Claim.Name, claim); err != nil {
 		return nil, notFoundAs(err, ReasonObjectMissing)
 	}

@@ -144,7 +144,7 @@ func TestSkips(t *testing.T) {
 			p.Requesters = tc.requesters
 			p.Namespace, p.WatchFilter = tc.namespace, tc.watchFilter
 			if tc.deleted {
-				p.Deletions = &Deletions{Window: time.Minute}
+				p.Deletions = NewDeletions(time.Minute)
 				p.Deletions.OnDelete(toolscache.DeletedFinalStateUnknown{Key: "x", Obj: m.Data.DeepCopy()})
 			}
 

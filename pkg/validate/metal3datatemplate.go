@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"time"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -20,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 )
 
 // The webhook fails closed, so a matchCondition in config/webhook skips updates that keep the spec or
@@ -28,9 +28,6 @@ import (
 
 // +kubebuilder:rbac:groups=ipam.metal3.io,resources=ippools,verbs=get
 // +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=*,verbs=get
-
-// liveCheckTimeout is well below timeoutSeconds: a slow API server costs warnings, never the admission.
-const liveCheckTimeout = 2 * time.Second
 
 // Metal3DataTemplate validates the pool references of Metal3DataTemplates on create and update.
 type Metal3DataTemplate struct {
@@ -73,7 +70,7 @@ func (v *Metal3DataTemplate) validate(ctx context.Context, old, tmpl *infrav1.Me
 	if tmpl.DeletionTimestamp != nil || old != nil && maps.Equal(poolSet(old), poolSet(tmpl)) {
 		return warnings, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, liveCheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, clock.ValidationLiveCheck)
 	defer cancel()
 	return append(warnings, v.poolWarnings(ctx, tmpl)...), nil
 }

@@ -19,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
+
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 )
 
 func mapper() meta.RESTMapper {
@@ -112,8 +114,8 @@ func TestLiveChecksHaveADeadline(t *testing.T) {
 	reads := 0
 	v := counting(&reads, func(ctx context.Context) error {
 		deadline, ok := ctx.Deadline()
-		if !ok || time.Until(deadline) > liveCheckTimeout {
-			t.Errorf("read without a deadline within %s", liveCheckTimeout)
+		if !ok || time.Until(deadline) > clock.ValidationLiveCheck {
+			t.Errorf("read without a deadline within %s", clock.ValidationLiveCheck)
 		}
 		return context.DeadlineExceeded
 	})

@@ -1,5 +1,3 @@
-// Package validate checks Metal3DataTemplate pool references at admission, instead of failing a
-// Metal3Data at reconcile time.
 package validate
 
 import (

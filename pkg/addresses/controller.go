@@ -1,0 +1,179 @@
+// Package addresses releases, on the leader, the Metal3 IPAddresses the IPAM will never free:
+// the strays of a waiting IPClaim someone deleted, and the surplus second IPAddress its two
+// IPPool controllers can allocate for one IPClaim the webhook created.
+package addresses
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
+	"github.com/metal3-community/ip-preallocator/pkg/index"
+	"github.com/metal3-community/ip-preallocator/pkg/lifecycle"
+)
+
+// +kubebuilder:rbac:groups=ipam.metal3.io,resources=ipaddresses,verbs=get;list;watch;patch;delete
+
+// Addresses looks after the IPAddresses of each IPClaim, as lifecycle.DecideAddresses decides,
+// from the cache's index of IPAddresses by IPClaim UID.
+type Addresses struct {
+	Client client.Client
+	// APIReader reads the claim's status and managedFields, and its Metal3Data, live.
+	APIReader client.Reader
+}
+
+// SetupWithManager registers the controller under leader election.
+func (a *Addresses) SetupWithManager(mgr ctrl.Manager) error {
+	if err := ctrl.NewControllerManagedBy(mgr).
+		Named("surplus-addresses").
+		For(allocation.Metadata(allocation.Metal3AddressGVK)).
+		// A waiting claim's deletion is no event of its IPAddresses.
+		Watches(allocation.Metadata(allocation.IPClaimGVK), handler.EnqueueRequestsFromMapFunc(a.addressesOf),
+			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return allocation.PhaseOf(o) == allocation.Deleting }))).
+		WithOptions(controller.Options{MaxConcurrentReconciles: clock.Concurrency}).
+		Complete(a); err != nil {
+		return fmt.Errorf("setting up controller surplus-addresses: %w", err)
+	}
+	return nil
+}
+
+func (a *Addresses) addressesOf(ctx context.Context, claim client.Object) []reconcile.Request {
+	addresses, err := index.Addresses(ctx, a.Client, claim.GetNamespace(), claim.GetUID())
+	if err != nil {
+		log.FromContext(ctx).Error(err, "Cannot list the IPAddresses of a claim", "IPClaim", klog.KObj(claim))
+	}
+	reqs := make([]reconcile.Request, len(addresses))
+	for i := range addresses {
+		reqs[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&addresses[i])}
+	}
+	return reqs
+}
+
+// scope is what a reconcile acts on.
+type scope struct {
+	addresses []metav1.PartialObjectMetadata
+	claim     *ipamv1.IPClaim
+}
+
+// Reconcile gathers the facts of the IPAddresses of one IPAddress's claim, decides and acts.
+func (a *Addresses) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	address := allocation.Metadata(allocation.Metal3AddressGVK)
+	if err := a.Client.Get(ctx, req.NamespacedName, address); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	uid := allocation.AddressClaimUID(address)
+	if uid == "" || !address.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	f, s, err := a.facts(ctx, address, uid)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	d := lifecycle.DecideAddresses(f)
+	logger := log.FromContext(ctx).WithValues("IPClaim", klog.KRef(req.Namespace, ownerName(address, uid)))
+	if d.Why != "" {
+		logger.Info(d.Why)
+	}
+	for i := range s.addresses {
+		switch {
+		case d.Step == lifecycle.ReleaseStrays:
+			logger.Info("Releasing an IPAddress of a deleted waiting claim that the IPAM would not free",
+				"IPAddress", klog.KObj(&s.addresses[i]), "addresses", len(s.addresses))
+		case d.Step == lifecycle.ReleaseSurplus && s.addresses[i].Name != s.claim.Status.Address.Name:
+			logger.Info("Releasing an IPAddress the IPAM allocated twice for a claim, which the claim's status does not name",
+				"IPAddress", klog.KObj(&s.addresses[i]), "kept", s.claim.Status.Address.Name)
+		default:
+			continue
+		}
+		if err := allocation.ReleaseAddress(ctx, a.Client, &s.addresses[i]); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{RequeueAfter: d.After}, nil
+}
+
+// facts reads the claim's IPAddresses and the claim from the cache, and, for a claim with two
+// IPAddresses or more that is not being deleted, the claim and its Metal3Data live.
+func (a *Addresses) facts(ctx context.Context, address *metav1.PartialObjectMetadata, uid types.UID) (lifecycle.AddressFacts, scope, error) {
+	var f lifecycle.AddressFacts
+	var s scope
+	var err error
+	if s.addresses, err = index.Addresses(ctx, a.Client, address.Namespace, uid); err != nil {
+		return f, s, err
+	}
+	f.Addresses = len(s.addresses)
+	var youngest time.Time
+	for _, addr := range s.addresses {
+		if addr.CreationTimestamp.After(youngest) {
+			youngest = addr.CreationTimestamp.Time
+		}
+	}
+	f.Youngest = time.Since(youngest)
+	key := types.NamespacedName{Namespace: address.Namespace, Name: ownerName(address, uid)}
+	cached := allocation.Metadata(allocation.IPClaimGVK)
+	err = a.Client.Get(ctx, key, cached)
+	if apierrors.IsNotFound(err) {
+		// The IPAM answers a claim the cache may not hold yet.
+		err = a.APIReader.Get(ctx, key, cached)
+	}
+	if err != nil || cached.UID != uid {
+		return f, s, client.IgnoreNotFound(err)
+	}
+	f.ClaimFound, f.Deleting, f.IPAMFinalized = true, allocation.PhaseOf(cached) == allocation.Deleting, allocation.IPAMFinalized(cached)
+	if f.Deleting || f.Addresses < 2 {
+		return f, s, nil
+	}
+	s.claim = &ipamv1.IPClaim{}
+	if err := a.APIReader.Get(ctx, key, s.claim); err != nil || s.claim.UID != uid {
+		f.ClaimFound = false
+		return f, s, client.IgnoreNotFound(err)
+	}
+	f.CreatedHere, f.Answered = allocation.CreatedHere(s.claim), s.claim.Status.Address != nil
+	f.Rendered, err = rendered(ctx, a.APIReader, s.claim)
+	return f, s, err
+}
+
+// rendered tells, from a live read, whether the Metal3Data that owns the claim is Ready.
+func rendered(ctx context.Context, r client.Reader, claim *ipamv1.IPClaim) (bool, error) {
+	owner := allocation.Metal3DataOwner(claim)
+	if owner == nil {
+		return false, nil
+	}
+	data := &infrav1.Metal3Data{}
+	err := r.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading Metal3Data %s/%s, owner of IPClaim %s: %w", claim.Namespace, owner.Name, claim.Name, err)
+	}
+	return data.UID == owner.UID && ptr.Deref(data.Status.Ready, false), nil
+}
+
+// ownerName is the name of the owner the reference with this UID names.
+func ownerName(o metav1.Object, uid types.UID) string {
+	for _, ref := range o.GetOwnerReferences() {
+		if ref.UID == uid {
+			return ref.Name
+		}
+	}
+	return ""
+}

@@ -1,0 +1,119 @@
+package lifecycle
+
+import (
+	"time"
+
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
+)
+
+// ReleaseStep is what the leader does with a waiting claim.
+type ReleaseStep int
+
+const (
+	// Hold looks again after the decision's delay, or on the next event.
+	Hold ReleaseStep = iota
+	// ReadHolds reads what may hold an answered claim, which costs reads, for the next look.
+	ReadHolds
+	// Release deletes the claim: its Metal3Data was never stored.
+	Release
+)
+
+// ReleaseFacts are what the release of a waiting claim depends on.
+type ReleaseFacts struct {
+	// Stored: the Metal3Data the claim waits for exists and is not being deleted.
+	Stored bool
+	// Age is how long this replica has seen the claim under its current admission.
+	Age time.Duration
+	// IPAMFinalized: the IPAM has put its finalizer on the claim.
+	IPAMFinalized bool
+	// Holds may keep an answered claim past its grace period; nil until read.
+	Holds *Holds
+}
+
+// Holds are what keeps an answered claim that waits for a Metal3Data never stored.
+type Holds struct {
+	// PoolBusy: another claim of the claim's pool waits for the IPAM's answer.
+	PoolBusy bool
+	// DataClaimWaits: the Metal3DataClaim the claim was planned for waits for data; read only when
+	// the pool is not busy, since it costs a live read.
+	DataClaimWaits bool
+}
+
+// DecideRelease is the leader's decision on a waiting claim.
+func DecideRelease(f ReleaseFacts, grace, hold time.Duration) Decision[ReleaseStep] {
+	left := grace + hold - f.Age
+	switch {
+	case f.Stored:
+		// The hand-over's; look again in case the Metal3Data goes first.
+		return wait[ReleaseStep](grace, "")
+	case f.Age < grace:
+		// The Metal3Data may still be stored: a slow API server, a retried create.
+		return wait[ReleaseStep](grace-f.Age, "")
+	case left <= 0:
+		// A Metal3Data rejected for good, or an IPAM that is down, must not keep it for ever.
+		return Decision[ReleaseStep]{Step: Release}
+	case !f.IPAMFinalized:
+		// Deleted before the IPAM saved its finalizer, the claim can get an IPAddress nobody frees.
+		return wait[ReleaseStep](left, "Keeping a claim the IPAM has not answered yet")
+	case f.Holds == nil:
+		return Decision[ReleaseStep]{Step: ReadHolds}
+	case f.Holds.PoolBusy:
+		// An address freed while the IPAM allocates in the pool can be allocated twice to one claim
+		// by its two pool controllers, from lists taken on either side of the free.
+		return wait[ReleaseStep](min(clock.PoolRecheck, left), "Keeping a claim while the IPAM allocates in its pool")
+	case f.Holds.DataClaimWaits:
+		// Released, it would be created again under its name moments after the IPAM freed it, and
+		// the IPAM, keyed by claim name, can answer with an address it hands out twice.
+		return wait[ReleaseStep](left, "Keeping a claim whose Metal3DataClaim still waits for data")
+	}
+	return Decision[ReleaseStep]{Step: Release}
+}
+
+// FinishStep is what the leader does with a claim being deleted that only it can finish.
+type FinishStep int
+
+const (
+	// Linger looks again after the decision's delay, or on the next event.
+	Linger FinishStep = iota
+	// Finish removes CAPM3's finalizer.
+	Finish
+)
+
+// FinishFacts are what the finish of a waiting claim someone deleted depends on.
+type FinishFacts struct {
+	// IPClaim: a Metal3 IPAM claim, whose IPAddresses can stray.
+	IPClaim bool
+	// SinceDeleted is how long ago the deletion began, on the API server's clock.
+	SinceDeleted time.Duration
+	// Strays: IPAddresses the addresses' controller releases are left.
+	Strays bool
+	// PoolBusy: another claim of its pool waits for the IPAM's answer.
+	PoolBusy bool
+}
+
+// DecideFinish is the leader's decision on a waiting claim being deleted (release, namespace or person).
+func DecideFinish(f FinishFacts, hold time.Duration) Decision[FinishStep] {
+	switch {
+	case f.IPClaim && f.Strays:
+		// Gone before its strays, the claim would leave them held by the IPAM's finalizer.
+		return wait[FinishStep](clock.StrayRecheck, "Keeping a deleted claim until its stray IPAddresses are released")
+	case f.IPClaim && f.SinceDeleted < clock.StrayWait:
+		// An IPAM pass that listed the claim before the deletion may still create its IPAddress.
+		return wait[FinishStep](min(clock.StrayWait, clock.StrayWait-f.SinceDeleted), "")
+	case f.PoolBusy && f.SinceDeleted < hold:
+		// As a release: an address freed while the pool allocates can be allocated twice.
+		return wait[FinishStep](min(clock.PoolRecheck, hold-f.SinceDeleted),
+			"Keeping CAPM3's finalizer on a deleted waiting claim while the IPAM allocates in its pool")
+	}
+	return Decision[FinishStep]{Step: Finish}
+}
+
+// DecideOrphan is the leader's decision on a claim being deleted with CAPM3's finalizer and a
+// Metal3Data owner: CAPM3 releases nothing for a Metal3Data deleted before its first reconcile.
+func DecideOrphan(ownerExists bool) Decision[FinishStep] {
+	if ownerExists {
+		// Its owner's deletion is no event of the claim.
+		return wait[FinishStep](clock.OrphanRecheck, "")
+	}
+	return Decision[FinishStep]{Step: Finish}
+}

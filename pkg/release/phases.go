@@ -1,0 +1,183 @@
+package release
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
+	"github.com/metal3-community/ip-preallocator/pkg/index"
+	"github.com/metal3-community/ip-preallocator/pkg/lifecycle"
+)
+
+// reconcileWaiting gathers the facts of a waiting claim, decides with DecideRelease and acts.
+func (r *Release) reconcileWaiting(ctx context.Context, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
+	key := client.ObjectKeyFromObject(claim)
+	dataName, _ := allocation.WaitingFor(claim)
+	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(claim.Namespace, dataName))
+	ctx = log.IntoContext(ctx, logger)
+	sighting := r.seen.See(key, claim.UID, claim.Annotations[allocation.AdmissionAnnotation])
+	f := lifecycle.ReleaseFacts{Age: time.Since(sighting.At), IPAMFinalized: allocation.IPAMFinalized(claim), Holds: sighting.Noted}
+	if f.Holds != nil {
+		// Read for this look only: the next reads them again.
+		r.seen.Note(key, func(h **lifecycle.Holds) { *h = nil })
+	}
+	data := allocation.Metadata(allocation.Metal3DataGVK)
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, fmt.Errorf("reading the Metal3Data %s/%s a claim waits for: %w", claim.Namespace, dataName, err)
+	}
+	f.Stored = err == nil && data.DeletionTimestamp.IsZero()
+	d := lifecycle.DecideRelease(f, r.GracePeriod, r.HoldLimit)
+	switch d.Step {
+	case lifecycle.ReadHolds:
+		h, err := r.readHolds(ctx, claim)
+		if err != nil {
+			// Not an error to back off from: that could keep the claim past the hold limit.
+			logger.Error(err, "Cannot read what holds a waiting claim", r.ClaimGVK.Kind, klog.KObj(claim))
+			return ctrl.Result{RequeueAfter: min(r.GracePeriod+r.HoldLimit-f.Age, r.GracePeriod)}, nil
+		}
+		r.seen.Note(key, func(held **lifecycle.Holds) { *held = &h })
+		return ctrl.Result{RequeueAfter: clock.Next}, nil
+	case lifecycle.Release:
+		return ctrl.Result{}, r.release(ctx, key, dataName)
+	}
+	if d.Why != "" {
+		logger.V(1).Info(d.Why, r.ClaimGVK.Kind, klog.KObj(claim))
+	}
+	return ctrl.Result{RequeueAfter: d.After}, nil
+}
+
+// readHolds reads the pool from the cache first: while it is busy the claim is looked at every
+// clock.PoolRecheck, and the live read of its Metal3DataClaim waits until it is not.
+func (r *Release) readHolds(ctx context.Context, claim *metav1.PartialObjectMetadata) (lifecycle.Holds, error) {
+	busy, err := r.poolBusy(ctx, claim)
+	if err != nil || busy {
+		return lifecycle.Holds{PoolBusy: busy}, err
+	}
+	waits, err := r.dataClaimWaits(ctx, claim)
+	return lifecycle.Holds{DataClaimWaits: waits}, err
+}
+
+// release frees a claim once live reads show it still waiting and its Metal3Data not stored.
+func (r *Release) release(ctx context.Context, key types.NamespacedName, dataName string) error {
+	data := allocation.Metadata(allocation.Metal3DataGVK)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: dataName}, data)
+	switch {
+	case err == nil && data.DeletionTimestamp.IsZero():
+		// The cache is behind: the Metal3Data's create event brings the claim back.
+		return nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return fmt.Errorf("reading Metal3Data %s/%s before releasing its claim: %w", key.Namespace, dataName, err)
+	}
+	claim := allocation.Metadata(r.ClaimGVK)
+	if err := r.APIReader.Get(ctx, key, claim); err != nil {
+		return client.IgnoreNotFound(fmt.Errorf("reading %s %s before releasing it: %w", r.ClaimGVK.Kind, key, err))
+	}
+	if !allocation.WaitsFor(claim, dataName) {
+		return nil
+	}
+	log.FromContext(ctx).Info("Releasing a claim preallocated for a Metal3Data that was never stored", r.ClaimGVK.Kind, klog.KObj(claim))
+	released, err := allocation.Release(ctx, r.Client, claim)
+	if released {
+		releasesTotal.WithLabelValues(r.ClaimGVK.Kind).Inc()
+	}
+	return err
+}
+
+// reconcileDeleting gathers the facts of a waiting claim being deleted, decides with
+// DecideFinish and acts.
+func (r *Release) reconcileDeleting(ctx context.Context, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
+	f := lifecycle.FinishFacts{IPClaim: r.ClaimGVK.Kind == allocation.KindIPClaim, SinceDeleted: time.Since(claim.DeletionTimestamp.Time)}
+	if f.IPClaim {
+		addresses, err := index.Addresses(ctx, r.Client, claim.Namespace, claim.UID)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		f.Strays = lifecycle.Strays(len(addresses), allocation.IPAMFinalized(claim))
+		if f.PoolBusy, err = r.poolBusy(ctx, claim); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	d := lifecycle.DecideFinish(f, r.HoldLimit)
+	if d.Step != lifecycle.Finish {
+		if d.Why != "" {
+			log.FromContext(ctx).V(1).Info(d.Why, r.ClaimGVK.Kind, klog.KObj(claim))
+		}
+		return ctrl.Result{RequeueAfter: d.After}, nil
+	}
+	log.FromContext(ctx).Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
+	_, err := allocation.Finish(ctx, r.Client, claim)
+	return ctrl.Result{}, err
+}
+
+// reconcileOrphan removes CAPM3's finalizer from a claim being deleted once a live read shows its
+// Metal3Data gone, as DecideOrphan decides.
+func (r *Release) reconcileOrphan(ctx context.Context, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
+	owner := allocation.Metal3DataOwner(claim)
+	data := allocation.Metadata(allocation.Metal3DataGVK)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, fmt.Errorf("reading Metal3Data %s/%s, owner of a claim being deleted: %w", claim.Namespace, owner.Name, err)
+	}
+	d := lifecycle.DecideOrphan(err == nil && data.UID == owner.UID)
+	if d.Step != lifecycle.Finish {
+		return ctrl.Result{RequeueAfter: d.After}, nil
+	}
+	log.FromContext(ctx).Info("Removing CAPM3's finalizer from a claim whose Metal3Data is gone", r.ClaimGVK.Kind, klog.KObj(claim),
+		"Metal3Data", klog.KRef(claim.Namespace, owner.Name))
+	_, err = allocation.FinishOrphan(ctx, r.Client, claim, owner.UID)
+	return ctrl.Result{}, err
+}
+
+// poolBusy tells, from the cache of whole IPClaims, whether another IPClaim of the claim's Metal3
+// IPPool waits for the IPAM's answer. Claims being deleted do not count: nothing is allocated for
+// them, and none other comes to a namespace being deleted.
+func (r *Release) poolBusy(ctx context.Context, claim *metav1.PartialObjectMetadata) (bool, error) {
+	if r.ClaimGVK.Kind != allocation.KindIPClaim {
+		return false, nil
+	}
+	whole := &ipamv1.IPClaim{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(claim), whole); err != nil {
+		return false, client.IgnoreNotFound(fmt.Errorf("reading IPClaim %s/%s: %w", claim.Namespace, claim.Name, err))
+	}
+	others := &ipamv1.IPClaimList{}
+	// Read only, and polled while a pool is busy: the cache's objects, not copies.
+	if err := r.Client.List(ctx, others, client.InNamespace(claim.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return false, fmt.Errorf("listing the IPClaims of namespace %s: %w", claim.Namespace, err)
+	}
+	return slices.ContainsFunc(others.Items, func(c ipamv1.IPClaim) bool {
+		return c.UID != whole.UID && c.Spec.Pool.Name == whole.Spec.Pool.Name && c.DeletionTimestamp.IsZero() && !allocation.Answered(&c)
+	}), nil
+}
+
+// dataClaimWaits tells, from a live read, whether the Metal3DataClaim a waiting claim was planned
+// for still exists without data: CAPM3 then retries the Metal3Data's create under the same name,
+// and the retried admission reclaims the claim.
+func (r *Release) dataClaimWaits(ctx context.Context, claim *metav1.PartialObjectMetadata) (bool, error) {
+	name := claim.Annotations[allocation.DataClaimAnnotation]
+	if name == "" {
+		return false, nil
+	}
+	dataClaim := &infrav1.Metal3DataClaim{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: name}, dataClaim)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading Metal3DataClaim %s/%s: %w", claim.Namespace, name, err)
+	}
+	return dataClaim.DeletionTimestamp.IsZero() && dataClaim.Status.RenderedData == nil, nil
+}
