@@ -85,6 +85,10 @@ const (
 	ReadyPoll = 50 * time.Millisecond
 	// MetricsRead bounds a cache-size metric's read.
 	MetricsRead = time.Second
+	// APIQPS and APIBurst: per resource type, enough for the claims of a burst of CAPM3's template
+	// loop without queueing, which would delay its admissions.
+	APIQPS   = 100
+	APIBurst = 200
 	// Lease, RenewDeadline and RetryPeriod are controller-runtime's defaults.
 	Lease         = 15 * time.Second
 	RenewDeadline = 10 * time.Second
