@@ -14,6 +14,8 @@ export PATH := $(BIN):$(PATH)
 # VERSION is stamped into the binary (--version, the ip_preallocator_build_info metric) and labels
 # the release; IMG is the image the release's Deployment runs.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# REVISION is stamped beside VERSION: the image's build context has no .git to read it from.
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 IMG ?= ip-preallocator:$(VERSION)
 PLATFORMS ?= linux/amd64,linux/arm64
 RELEASE_DIR ?= out
@@ -30,7 +32,7 @@ KUBECTL ?= kubectl
 # The one way the webhook binary is built: by make build here, in CI (the test harness runs it)
 # and in the Dockerfile. Static (no cgo), reproducible paths, the version stamped.
 WEBHOOK_BIN ?= $(BIN)/webhook
-GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
+GO_BUILD = CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.revision=$(REVISION)"
 
 .PHONY: all
 all: build
@@ -56,6 +58,14 @@ lint: $(GOLANGCI_LINT) ## golangci-lint (.golangci.yml, close to Cluster API's, 
 verify-manifests: manifests ## Fail when the generated manifests are not committed.
 	@git diff --exit-code -- config/ || { echo "config/ is out of date: run make manifests"; exit 1; }
 
+# Build outputs must never be committed: a 77 MB binary once was.
+MAX_FILE_BYTES ?= 1048576
+
+.PHONY: verify-file-sizes
+verify-file-sizes: ## Fail when a tracked file is over MAX_FILE_BYTES (1 MiB).
+	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk -v max=$(MAX_FILE_BYTES) '$$1 > max'); \
+	if [ -n "$$big" ]; then echo "tracked files over $(MAX_FILE_BYTES) bytes (build outputs belong in .gitignore):"; echo "$$big"; exit 1; fi
+
 .PHONY: test-unit
 test-unit: ## Unit tests of the product module only: no control plane, no tools.
 	go test -count=1 ./...
@@ -74,7 +84,7 @@ fuzz: ## Run each fuzz target of the product module for $(FUZZTIME) (make test r
 	done
 
 .PHONY: test
-test: tools lint verify-manifests test-unit ## Unit tests and the suites of the test module against a real control plane.
+test: tools lint verify-manifests verify-file-sizes test-unit ## Unit tests and the suites of the test module against a real control plane.
 	@# test-unit runs every fuzz target's seed corpus; make fuzz explores beyond it. Then the suites,
 	@# one at a time, each with its own timeout; the quick fault scenarios only (make faults runs them
 	@# all at full size).
@@ -144,11 +154,11 @@ release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: co
 
 .PHONY: docker-build
 docker-build: ## Build the image IMG for this machine's platform with docker.
-	docker build --build-arg VERSION=$(VERSION) -t $(IMG) .
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMG) .
 
 .PHONY: docker-buildx
 docker-buildx: ## Build and push the image IMG for PLATFORMS with docker buildx.
-	docker buildx build --platform=$(PLATFORMS) --build-arg VERSION=$(VERSION) -t $(IMG) --push .
+	docker buildx build --platform=$(PLATFORMS) --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMG) --push .
 
 .PHONY: docker-push
 docker-push: ## Push the image IMG.
@@ -159,7 +169,8 @@ deploy: release ## Install the release into the cluster of the current kubeconfi
 	$(KUBECTL) apply -f $(RELEASE_DIR)/install.yaml
 
 .PHONY: undeploy
-undeploy: release ## Uninstall in the safe order: mutating webhook, waiting claims finished, the rest.
+undeploy: ## Uninstall $(RELEASE_DIR)/install.yaml as deployed, not rendered again, in the safe order: mutating webhook, waiting claims finished, the rest.
+	@test -f $(RELEASE_DIR)/install.yaml || { echo "$(RELEASE_DIR)/install.yaml is missing: set RELEASE_DIR to the release you deployed"; exit 1; }
 	KUBECTL=$(KUBECTL) hack/undeploy.sh $(RELEASE_DIR)/install.yaml
 
 ##@ Tools

@@ -11,8 +11,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
-// version is set by the Makefile with -ldflags "-X main.version=$(VERSION)".
-var version string
+// version and revision are set by the Makefile with -ldflags "-X main.version=$(VERSION) -X
+// main.revision=$(REVISION)": an image is built without .git, so go build stamps no revision.
+var version, revision string
 
 // buildInfo tells a dashboard which version each replica runs during an upgrade.
 var buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -35,8 +36,11 @@ func buildVersion() string {
 	return "(devel)"
 }
 
-// buildRevision is the VCS revision go build stamped, when it built from a checkout.
+// buildRevision is the revision make stamped, or else the one go build stamped from a checkout.
 func buildRevision() string {
+	if revision != "" {
+		return revision
+	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "unknown"

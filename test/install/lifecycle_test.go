@@ -12,6 +12,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -356,8 +357,8 @@ func testUpgrade(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 		}
 	}
 	metrics := scrapeOK(t, pod)
-	if !strings.Contains(metrics, `version="`+version+`"} 1`) {
-		t.Errorf("the new version's metrics lack its build info:\n%s", grep(metrics, "ip_preallocator_build_info"))
+	if !strings.Contains(metrics, `version="`+version+`"} 1`) || !strings.Contains(metrics, `revision="`+headRevision(t)+`"`) {
+		t.Errorf("the new version's metrics lack its build info (version %s, revision %s):\n%s", version, headRevision(t), grep(metrics, "ip_preallocator_build_info"))
 	}
 	checkReadmeQueries(t, metrics, func(metric string) bool { return metric == "ip_preallocator_releases_total" })
 	if data, err := w.admit(ctx, false); err != nil || data.Annotations[allocation.ClaimsAnnotation] == "" {
@@ -375,8 +376,15 @@ func testUninstall(t *testing.T, dep *harness.Deployment, w *world, dir, version
 	}
 	released := w.rejectSome(t, 2)
 
+	// What was applied is what goes: make undeploy must not render the release again.
+	applied := filepath.Join(dir, "install.yaml")
+	marker := "# applied by the test, before make undeploy\n"
+	appendFile(t, applied, marker)
 	out := makeTarget(t, "undeploy", "RELEASE_DIR="+dir, "IMG="+image(version), "VERSION="+version, "KUBECTL="+filepath.Join(cp.Root, "bin", "kubectl"))
 	t.Logf("make undeploy:\n%s", out)
+	if content, err := os.ReadFile(applied); err != nil || !strings.HasSuffix(string(content), marker) {
+		t.Errorf("make undeploy rendered %s again: %v", applied, err)
+	}
 	steps := []string{"Removing the mutating webhook", "Waiting for the replicas", "Removing the rest"}
 	last := -1
 	for _, step := range steps {

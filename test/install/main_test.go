@@ -81,9 +81,10 @@ func release(t *testing.T, img, version string, vars ...string) string {
 }
 
 // build builds the webhook binary of a version with make build, as the Dockerfile builds the
-// image of that version.
+// image of that version: without the VCS stamp, as the image's build context has no .git.
 func build(t *testing.T, version string) string {
 	t.Helper()
+	t.Setenv("GOFLAGS", "-buildvcs=false")
 	path := filepath.Join(t.TempDir(), "webhook-"+version)
 	makeTarget(t, "build", "WEBHOOK_BIN="+path, "VERSION="+version)
 	return path
@@ -96,4 +97,27 @@ func kubectl(t *testing.T, stdin []byte, args ...string) string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// headRevision is the revision of the checkout the suite builds from.
+func headRevision(t *testing.T) string {
+	t.Helper()
+	out, err := exec.CommandContext(context.Background(), "git", "-C", cp.Root, "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse HEAD: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// appendFile appends text to the file at path.
+func appendFile(t *testing.T, path, text string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(text); err != nil {
+		t.Fatal(err)
+	}
 }
