@@ -3,6 +3,8 @@ package allocation
 import (
 	"slices"
 	"testing"
+
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 )
 
 // FuzzParseClaims: whatever a person writes into the record, parsing never panics, stays
@@ -16,7 +18,7 @@ func FuzzParseClaims(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(refs) > maxRecordedClaims {
+		if len(refs) > clock.MaxRecordedClaims {
 			t.Fatalf("%d refs", len(refs))
 		}
 		for i, r := range refs {

@@ -20,10 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-)
 
-// maxRecordedClaims bounds ClaimsAnnotation, which anyone who can edit a Metal3Data can write.
-const maxRecordedClaims = 64
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
+)
 
 // ClaimRef names a claim recorded in ClaimsAnnotation, in the Metal3Data's namespace.
 type ClaimRef struct {
@@ -69,8 +68,8 @@ func ParseClaims(value string) ([]ClaimRef, error) {
 		if slices.Contains(refs, ref) {
 			continue
 		}
-		if len(refs) == maxRecordedClaims {
-			return nil, fmt.Errorf("annotation %s: more than %d claims", ClaimsAnnotation, maxRecordedClaims)
+		if len(refs) == clock.MaxRecordedClaims {
+			return nil, fmt.Errorf("annotation %s: more than %d claims", ClaimsAnnotation, clock.MaxRecordedClaims)
 		}
 		refs = append(refs, ref)
 	}

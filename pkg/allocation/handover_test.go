@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
+
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -299,8 +301,8 @@ func TestFinish(t *testing.T) {
 }
 
 func TestParseClaims(t *testing.T) {
-	many := strings.TrimSuffix(strings.Repeat("IPClaim/a,", maxRecordedClaims+5), ",")
-	tooMany := make([]string, maxRecordedClaims+1)
+	many := strings.TrimSuffix(strings.Repeat("IPClaim/a,", clock.MaxRecordedClaims+5), ",")
+	tooMany := make([]string, clock.MaxRecordedClaims+1)
 	for i := range tooMany {
 		tooMany[i] = "IPClaim/c" + strings.Repeat("x", i)
 	}

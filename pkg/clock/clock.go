@@ -79,6 +79,9 @@ const (
 const (
 	// Concurrency: objects each controller reconciles at once; their work is a few requests.
 	Concurrency = 10
+	// MaxRecordedClaims bounds the claims record on a Metal3Data, which anyone who can edit one can
+	// write; a template references a handful of pools.
+	MaxRecordedClaims = 64
 	// MemorySize bounds each in-memory record set, far above the objects in flight at once.
 	MemorySize = 1 << 16
 	// ReadyPoll bounds the readiness probe's wait for the caches.
