@@ -164,47 +164,38 @@ func Release(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMe
 
 // Finish removes CAPM3's finalizer from a waiting claim being deleted; nobody else would.
 func Finish(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
-	i := slices.Index(claim.Finalizers, infrav1.DataFinalizer)
-	if i < 0 {
-		return true, nil
-	}
-	path := fmt.Sprintf("/metadata/finalizers/%d", i)
-	ops := slices.Concat(waitingTests(claim.Annotations[PreallocatedForAnnotation], claim.Annotations[AdmissionAnnotation]),
-		[]jsonpatch.Operation{
-			jsonpatch.NewOperation("test", "/metadata/uid", claim.UID),
-			jsonpatch.NewOperation("test", path, infrav1.DataFinalizer),
-			jsonpatch.NewOperation("remove", path, nil),
-		})
-	err := patch(ctx, c, claim.GroupVersionKind(), claim.Namespace, claim.Name, ops)
-	if IsTestFailure(err) || apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("removing CAPM3's finalizer from %s %s/%s: %w", claim.Kind, claim.Namespace, claim.Name, err)
-	}
-	return true, nil
+	return removeDataFinalizer(ctx, c, claim, true,
+		waitingTests(claim.Annotations[PreallocatedForAnnotation], claim.Annotations[AdmissionAnnotation])...)
 }
 
 // FinishOrphan removes CAPM3's finalizer from a claim being deleted after its owner Metal3Data:
 // CAPM3 releases nothing for a Metal3Data deleted before its first reconcile.
 func FinishOrphan(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata, owner types.UID) (bool, error) {
-	i := slices.Index(claim.Finalizers, infrav1.DataFinalizer)
 	o := slices.IndexFunc(claim.OwnerReferences, func(ref metav1.OwnerReference) bool { return ref.UID == owner })
-	if i < 0 || o < 0 {
+	if o < 0 {
 		return false, nil
 	}
+	return removeDataFinalizer(ctx, c, claim, false, jsonpatch.NewOperation("test", fmt.Sprintf("/metadata/ownerReferences/%d/uid", o), owner))
+}
+
+// removeDataFinalizer removes CAPM3's finalizer under tests and the claim's UID; a claim without
+// it counts as finished when finished says so.
+func removeDataFinalizer(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata, finished bool, tests ...jsonpatch.Operation) (bool, error) {
+	i := slices.Index(claim.Finalizers, infrav1.DataFinalizer)
+	if i < 0 {
+		return finished, nil
+	}
 	path := fmt.Sprintf("/metadata/finalizers/%d", i)
-	err := patch(ctx, c, claim.GroupVersionKind(), claim.Namespace, claim.Name, []jsonpatch.Operation{
+	err := patch(ctx, c, claim.GroupVersionKind(), claim.Namespace, claim.Name, append(tests,
 		jsonpatch.NewOperation("test", "/metadata/uid", claim.UID),
-		jsonpatch.NewOperation("test", fmt.Sprintf("/metadata/ownerReferences/%d/uid", o), owner),
 		jsonpatch.NewOperation("test", path, infrav1.DataFinalizer),
 		jsonpatch.NewOperation("remove", path, nil),
-	})
+	))
 	if IsTestFailure(err) || apierrors.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("removing CAPM3's finalizer from orphaned %s %s/%s: %w", claim.Kind, claim.Namespace, claim.Name, err)
+		return false, fmt.Errorf("removing CAPM3's finalizer from %s %s/%s: %w", claim.Kind, claim.Namespace, claim.Name, err)
 	}
 	return true, nil
 }
