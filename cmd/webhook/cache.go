@@ -7,15 +7,19 @@ import (
 	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/compat"
 )
 
 // cached lists what is read through the cache: metadata, but for the template, Metal3Machine and
@@ -45,13 +49,17 @@ func cached(ipamWait bool) []client.Object {
 // selects the Metal3Data and their claims, which carry their labels (CAPM3 copies them too); the
 // objects they refer to are read whatever their labels.
 func cacheOptions(o options) cache.Options {
-	opts := cache.Options{DefaultTransform: asRead}
+	everywhere := map[string]cache.Config{cache.AllNamespaces: {}}
+	opts := cache.Options{DefaultTransform: asRead, ByObject: map[client.Object]cache.ByObject{
+		// CAPM3 runs in a namespace of its own, whatever the namespace served.
+		&appsv1.Deployment{}:     {Label: labels.SelectorFromSet(labels.Set{compat.ProviderLabel: compat.ProviderLabelValue}), Namespaces: everywhere},
+		&clusterctlv1.Provider{}: {Namespaces: everywhere},
+	}}
 	if o.namespace != "" {
 		opts.DefaultNamespaces = map[string]cache.Config{o.namespace: {}}
 	}
 	if o.watchFilter != "" {
 		selector := labels.SelectorFromSet(labels.Set{clusterv1.WatchLabel: o.watchFilter})
-		opts.ByObject = map[client.Object]cache.ByObject{}
 		// By kind: the informers of whole claims share it with the metadata ones.
 		for _, obj := range []client.Object{
 			allocation.Metadata(allocation.Metal3DataGVK), allocation.Metadata(allocation.IPClaimGVK), allocation.Metadata(allocation.IPAddressClaimGVK),
@@ -84,8 +92,11 @@ func asRead(in any) (any, error) {
 	default:
 		obj.SetFinalizers(nil)
 	}
-	if m3m, ok := obj.(*infrav1.Metal3Machine); ok {
-		return metal3MachineAsRead(m3m), nil
+	switch o := obj.(type) {
+	case *infrav1.Metal3Machine:
+		return metal3MachineAsRead(o), nil
+	case *appsv1.Deployment:
+		return deploymentAsRead(o), nil
 	}
 	return obj, nil
 }
@@ -120,5 +131,19 @@ func metal3MachineAsRead(m3m *infrav1.Metal3Machine) *infrav1.Metal3Machine {
 		TypeMeta:   m3m.TypeMeta,
 		ObjectMeta: m3m.ObjectMeta,
 		Spec:       infrav1.Metal3MachineSpec{DataTemplate: m3m.Spec.DataTemplate},
+	}
+}
+
+// deploymentAsRead keeps of CAPM3's Deployment the containers' images and flags, which the
+// compatibility guard reads.
+func deploymentAsRead(d *appsv1.Deployment) *appsv1.Deployment {
+	containers := make([]corev1.Container, len(d.Spec.Template.Spec.Containers))
+	for i, c := range d.Spec.Template.Spec.Containers {
+		containers[i] = corev1.Container{Name: c.Name, Image: c.Image, Command: c.Command, Args: c.Args}
+	}
+	return &appsv1.Deployment{
+		TypeMeta:   d.TypeMeta,
+		ObjectMeta: d.ObjectMeta,
+		Spec:       appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: containers}}},
 	}
 }

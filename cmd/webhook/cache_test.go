@@ -5,36 +5,64 @@ import (
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
 
-// TestScopedCaches: --namespace restricts every informer to that namespace; --watch-filter the
-// Metal3Data and the claims, which carry its label.
+// TestScopedCaches: --namespace restricts every informer to that namespace but CAPM3's
+// Deployments and clusterctl's Providers, which live in CAPM3's own; --watch-filter the Metal3Data
+// and the claims, which carry its label.
 func TestScopedCaches(t *testing.T) {
-	if opts := cacheOptions(options{}); opts.DefaultNamespaces != nil || opts.ByObject != nil || opts.DefaultTransform == nil {
-		t.Errorf("unscoped: %+v", opts)
-	}
-	opts := cacheOptions(options{namespace: "plane-a", watchFilter: "a"})
-	if _, ok := opts.DefaultNamespaces["plane-a"]; !ok || len(opts.DefaultNamespaces) != 1 {
-		t.Errorf("namespaces %v", opts.DefaultNamespaces)
-	}
-	kinds := map[string]bool{}
-	for obj, by := range opts.ByObject {
-		kinds[obj.GetObjectKind().GroupVersionKind().Kind] = true
-		if by.Label.String() != "cluster.x-k8s.io/watch-filter=a" || by.Transform != nil {
-			t.Errorf("%T: label selector %q, own transform %t", obj, by.Label, by.Transform != nil)
+	for _, o := range []options{{}, {namespace: "plane-a", watchFilter: "a"}} {
+		opts := cacheOptions(o)
+		if opts.DefaultTransform == nil {
+			t.Errorf("%+v: no transform", o)
 		}
-	}
-	for _, kind := range []string{"Metal3Data", "IPClaim", "IPAddressClaim"} {
-		if !kinds[kind] {
-			t.Errorf("no label selector for %s: %v", kind, kinds)
+		if o.namespace == "" && opts.DefaultNamespaces != nil {
+			t.Errorf("unscoped: namespaces %v", opts.DefaultNamespaces)
+		}
+		if _, ok := opts.DefaultNamespaces[o.namespace]; o.namespace != "" && (!ok || len(opts.DefaultNamespaces) != 1) {
+			t.Errorf("namespaces %v, want %s", opts.DefaultNamespaces, o.namespace)
+		}
+		kinds := map[string]bool{}
+		for obj, by := range opts.ByObject {
+			kind := obj.GetObjectKind().GroupVersionKind().Kind
+			want, namespaces := "cluster.x-k8s.io/watch-filter=a", 0
+			switch obj.(type) {
+			case *appsv1.Deployment:
+				kind, want, namespaces = "Deployment", "cluster.x-k8s.io/provider=infrastructure-metal3", 1
+			case *clusterctlv1.Provider:
+				kind, want, namespaces = "Provider", "", 1
+			}
+			kinds[kind] = true
+			label := ""
+			if by.Label != nil {
+				label = by.Label.String()
+			}
+			if _, all := by.Namespaces[cache.AllNamespaces]; label != want || by.Transform != nil || len(by.Namespaces) != namespaces || namespaces == 1 && !all {
+				t.Errorf("%+v: %s: label selector %q, own transform %t, namespaces %v", o, kind, by.Label, by.Transform != nil, by.Namespaces)
+			}
+		}
+		want := []string{"Deployment", "Provider"}
+		if o.watchFilter != "" {
+			want = append(want, "Metal3Data", "IPClaim", "IPAddressClaim")
+		}
+		if len(kinds) != len(want) {
+			t.Errorf("%+v: ByObject for %v, want %v", o, kinds, want)
+		}
+		for _, kind := range want {
+			if !kinds[kind] {
+				t.Errorf("%+v: nothing in ByObject for %s: %v", o, kind, kinds)
+			}
 		}
 	}
 }
@@ -115,6 +143,19 @@ func TestAsRead(t *testing.T) {
 				Status: infrav1.Metal3MachineStatus{RenderedData: &infrav1.Metal3ObjectRef{Name: "workers-0"}, Addresses: []clusterv1.MachineAddress{{Type: "InternalIP", Address: "10.0.0.1"}}},
 			},
 			want: &infrav1.Metal3Machine{ObjectMeta: read(all, nil), Spec: infrav1.Metal3MachineSpec{DataTemplate: &infrav1.Metal3ObjectRef{Name: "workers"}}},
+		},
+		{
+			name: "CAPM3's Deployment",
+			in: &appsv1.Deployment{ObjectMeta: meta(), Spec: appsv1.DeploymentSpec{Replicas: new(int32(1)), Template: corev1.PodTemplateSpec{
+				ObjectMeta: meta(),
+				Spec: corev1.PodSpec{ServiceAccountName: "manager", Containers: []corev1.Container{{
+					Name: "manager", Image: "capm3:v1.13.2", Command: []string{"/manager"}, Args: []string{"--enable-bmh-name-based-preallocation=true"},
+					Env: []corev1.EnvVar{{Name: "A", Value: "b"}},
+				}}},
+			}}},
+			want: &appsv1.Deployment{ObjectMeta: read(all, nil), Spec: appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+				Name: "manager", Image: "capm3:v1.13.2", Command: []string{"/manager"}, Args: []string{"--enable-bmh-name-based-preallocation=true"},
+			}}}}}},
 		},
 		{
 			name: "Cluster",

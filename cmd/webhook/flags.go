@@ -28,6 +28,7 @@ type options struct {
 	renewDeadline    time.Duration
 	retryPeriod      time.Duration
 	bmhNameBased     bool
+	capm3Version     string
 	admissionTimeout time.Duration
 	releaseGrace     time.Duration
 	releaseHold      time.Duration
@@ -63,6 +64,8 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 		"Namespace of the leader election lease; defaults to the pod's namespace.")
 	fs.BoolVar(&o.bmhNameBased, "enable-bmh-name-based-preallocation", false,
 		"Name IPClaims <baremetalhost>-<pool> like CAPM3 with the same flag; set it exactly as CAPM3's.")
+	fs.StringVar(&o.capm3Version, "capm3-version", "",
+		"CAPM3's version where no clusterctl Provider or labelled Deployment tells it; empty to find it.")
 	fs.DurationVar(&o.admissionTimeout, "admission-timeout", clock.AdmissionTimeout,
 		"How long one admission may take from the request's start; the API server's timeout for the call bounds it too.")
 	fs.DurationVar(&o.releaseGrace, "release-grace-period", clock.ReleaseGrace,

@@ -14,6 +14,8 @@ import (
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -23,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/cluster-api/util/flags"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -36,6 +39,7 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/pkg/answers"
 	"github.com/metal3-community/ip-preallocator/pkg/clock"
+	"github.com/metal3-community/ip-preallocator/pkg/compat"
 	"github.com/metal3-community/ip-preallocator/pkg/handover"
 	"github.com/metal3-community/ip-preallocator/pkg/index"
 	"github.com/metal3-community/ip-preallocator/pkg/mutate"
@@ -81,7 +85,7 @@ func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		clientgoscheme.AddToScheme, infrav1.AddToScheme, ipamv1.AddToScheme, capipamv1.AddToScheme,
-		clusterv1.AddToScheme, bmov1alpha1.AddToScheme,
+		clusterv1.AddToScheme, bmov1alpha1.AddToScheme, clusterctlv1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			panic(err)
@@ -110,7 +114,11 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if err := setupWebhooks(ctx, mgr, o, scheme, creations); err != nil {
+	guard, err := setupGuard(mgr, o)
+	if err != nil {
+		return err
+	}
+	if err := setupWebhooks(ctx, mgr, o, scheme, creations, guard); err != nil {
 		return err
 	}
 	if err := setupControllers(ctx, mgr, o, admissions, creations); err != nil {
@@ -124,6 +132,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if err := mgr.AddReadyzCheck("cache", cacheSynced(mgr.GetCache())); err != nil {
 		return fmt.Errorf("adding the cache readiness check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("capm3", guard.Checked); err != nil {
+		return fmt.Errorf("adding the CAPM3 readiness check: %w", err)
 	}
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
@@ -198,7 +209,27 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 	return creations, nil
 }
 
-func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *runtime.Scheme, creations *handover.Creations) error {
+// setupGuard watches clusterctl's Providers only where their kind is served: its informer would
+// otherwise never sync.
+func setupGuard(mgr ctrl.Manager, o options) (*compat.Guard, error) {
+	guard := &compat.Guard{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ip-preallocator"),
+		Version: o.capm3Version, BMHNameBased: o.bmhNameBased,
+	}
+	if ns, name := os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME"); ns != "" && name != "" {
+		guard.Pod = &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: ns, Name: name}
+	}
+	_, err := mgr.GetRESTMapper().RESTMapping(clusterctlv1.GroupVersion.WithKind("Provider").GroupKind(), clusterctlv1.GroupVersion.Version)
+	switch {
+	case err == nil:
+		guard.Providers = true
+	case !meta.IsNoMatchError(err):
+		return nil, fmt.Errorf("finding whether clusterctl's Provider kind is served: %w", err)
+	}
+	return guard, guard.SetupWithManager(mgr)
+}
+
+func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *runtime.Scheme, creations *handover.Creations, guard *compat.Guard) error {
 	deletions := mutate.NewDeletions(clock.ReusedNameHoldoff)
 	dataMetadata := allocation.Metadata(allocation.Metal3DataGVK)
 	dataInformer, err := mgr.GetCache().GetInformer(ctx, dataMetadata)
@@ -219,6 +250,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *run
 			Namespace:    o.namespace,
 			WatchFilter:  o.watchFilter,
 			Deletions:    deletions,
+			Compat:       guard,
 			OnAdmitted:   creations.Admitted,
 		}})
 	return (&validate.Metal3DataTemplate{Reader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper()}).SetupWebhookWithManager(mgr)

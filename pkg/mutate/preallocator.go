@@ -26,6 +26,7 @@ import (
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/pkg/clock"
+	"github.com/metal3-community/ip-preallocator/pkg/compat"
 )
 
 // Preallocator admits every Metal3Data CREATE, recording in allocation.ClaimsAnnotation the claims
@@ -48,6 +49,8 @@ type Preallocator struct {
 	Namespace, WatchFilter string
 	// Deletions, if set, leaves to CAPM3 a Metal3Data whose name was deleted lately.
 	Deletions *Deletions
+	// Compat, if set, leaves every Metal3Data to a CAPM3 whose claims the webhook does not mirror.
+	Compat *compat.Guard
 	// OnAdmitted hears, before the answer, of every admission that recorded claims or warns. It may
 	// wait for the creates to be sent, never for a write: CAPM3 creates Metal3Data one by one.
 	OnAdmitted func(ctx context.Context, key types.NamespacedName, token, dataToken string, claims []allocation.Claim, warning string)
@@ -80,6 +83,9 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	}
 	if p.Namespace != "" && data.Namespace != p.Namespace || p.WatchFilter != "" && data.Labels[clusterv1.WatchLabel] != p.WatchFilter {
 		return p.skipped(ctx, data, skipf(ReasonOutOfScope, "outside --namespace %q and --watch-filter %q", p.Namespace, p.WatchFilter))
+	}
+	if refusal := p.Compat.Refusal(); refusal != "" {
+		return p.skipped(ctx, data, skipf(ReasonIncompatibleCAPM3, "%s", refusal))
 	}
 	claims, err := p.plan(ctx, data)
 	if err != nil {

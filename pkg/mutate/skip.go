@@ -23,6 +23,7 @@ const (
 	ReasonRecordTooLarge    = "RecordTooLarge"
 	ReasonNameInUse         = "NameInUse"
 	ReasonOutOfScope        = "OutOfScope"
+	ReasonIncompatibleCAPM3 = "IncompatibleCAPM3"
 )
 
 // +kubebuilder:webhook:path=/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups=infrastructure.cluster.x-k8s.io,resources=metal3datas,verbs=create,versions=v1beta2,name=preallocate.metal3data.ip-preallocator.metal3.io,matchPolicy=Equivalent,reinvocationPolicy=Never,timeoutSeconds=5,admissionReviewVersions=v1

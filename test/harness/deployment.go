@@ -370,7 +370,12 @@ func (d *Deployment) startPod(ctx context.Context, dep *appsv1.Deployment, tmpl 
 	if len(c.Command) > 0 {
 		args = append(slices.Clone(c.Command[1:]), args...)
 	}
-	proc, err := StartProcess(ctx, logPath, bin, []string{"KUBECONFIG=" + kubeconfig}, args...)
+	env, err := podEnv(c, d.namespace, podName)
+	if err != nil {
+		stopProjections()
+		return nil, err
+	}
+	proc, err := StartProcess(ctx, logPath, bin, append(env, "KUBECONFIG="+kubeconfig), args...)
 	if err != nil {
 		stopProjections()
 		return nil, err
@@ -386,6 +391,27 @@ func (d *Deployment) startPod(ctx context.Context, dep *appsv1.Deployment, tmpl 
 	}
 	d.eventf("%s started: %s %s", podName, c.Image, strings.Join(args, " "))
 	return pod, nil
+}
+
+// podEnv is the container's environment as the kubelet sets it: values, and the pod's namespace
+// and name from the downward API.
+func podEnv(c corev1.Container, namespace, podName string) ([]string, error) {
+	var env []string
+	for _, e := range c.Env {
+		value := e.Value
+		if from := e.ValueFrom; from != nil {
+			switch {
+			case from.FieldRef != nil && from.FieldRef.FieldPath == "metadata.namespace":
+				value = namespace
+			case from.FieldRef != nil && from.FieldRef.FieldPath == "metadata.name":
+				value = podName
+			default:
+				return nil, fmt.Errorf("env %s: the harness sets values and the pod's namespace and name only", e.Name)
+			}
+		}
+		env = append(env, e.Name+"="+value)
+	}
+	return env, nil
 }
 
 // podArgs rewrites the container's args for loopback: a free port for each container port and

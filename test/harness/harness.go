@@ -55,6 +55,9 @@ type Options struct {
 	Webhook bool
 	// WebhookArgs are extra flags for the webhook process.
 	WebhookArgs []string
+	// NoCAPM3 leaves out CAPM3's Deployment, which StartWebhook otherwise declares in the
+	// webhook's naming mode, for a test of what the webhook does without it.
+	NoCAPM3 bool
 	// Dir holds kubeconfigs, certificates and process logs; a temporary directory when empty.
 	Dir string
 	// AuditLog makes kube-apiserver log every request's metadata to AuditLogPath, for counting
@@ -225,6 +228,8 @@ func crdDirectories(root string) ([]string, error) {
 	var dirs []string
 	for _, m := range []struct{ module, sub string }{
 		{"sigs.k8s.io/cluster-api", "config/crd/bases"},
+		// clusterctl's Provider, which records the version of each provider it installs.
+		{"sigs.k8s.io/cluster-api", "cmd/clusterctl/config/manifest"},
 		{"github.com/metal3-io/cluster-api-provider-metal3", "config/crd/bases"},
 		{ipAddressManager, "config/crd/bases"},
 		{bareMetalOperator, "config/base/crds/bases"},
@@ -479,8 +484,13 @@ func (cp *ControlPlane) StartWebhook(ctx context.Context, extraArgs ...string) e
 		"--leader-election-namespace=" + cp.serviceAccountNamespace(),
 	}, cp.opts.WebhookArgs...)
 	args = append(args, extraArgs...)
+	if !cp.opts.NoCAPM3 {
+		if err := cp.DeclareCAPM3(ctx, CAPM3Image, bmhNameBasedIn(args)); err != nil {
+			return err
+		}
+	}
 	cp.webhook, err = StartProcess(ctx, filepath.Join(cp.Dir, "webhook.log"), bin,
-		[]string{"KUBECONFIG=" + cp.webhookKubeconfig}, args...)
+		[]string{"KUBECONFIG=" + cp.webhookKubeconfig, "POD_NAMESPACE=" + cp.serviceAccountNamespace(), "POD_NAME=" + WebhookPod}, args...)
 	if err != nil {
 		return err
 	}

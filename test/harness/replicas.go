@@ -96,6 +96,11 @@ func (cp *ControlPlane) StartReplicas(ctx context.Context, n int, extraArgs ...s
 		return nil, err
 	}
 	rs := &Replicas{cp: cp, bin: bin, args: append(append([]string{}, cp.opts.WebhookArgs...), extraArgs...)}
+	if !cp.opts.NoCAPM3 {
+		if err := cp.DeclareCAPM3(ctx, CAPM3Image, bmhNameBasedIn(rs.args)); err != nil {
+			return nil, err
+		}
+	}
 	defer func() {
 		if err != nil {
 			rs.Stop()
@@ -174,7 +179,9 @@ func (rs *Replicas) startLocked(i int) error {
 		fmt.Fprintf(f, "===== harness: start %d of replica %d at %s, kubeconfig %s\n", r.starts, i, time.Now().Format(time.RFC3339Nano), r.kubeconfig)
 		f.Close()
 	}
-	proc, err := StartProcess(context.Background(), r.LogPath, rs.bin, []string{"KUBECONFIG=" + r.kubeconfig}, args...)
+	proc, err := StartProcess(context.Background(), r.LogPath, rs.bin, []string{
+		"KUBECONFIG=" + r.kubeconfig, "POD_NAMESPACE=" + rs.cp.serviceAccountNamespace(), fmt.Sprintf("POD_NAME=%s-%d", WebhookPod, r.Index),
+	}, args...)
 	if err != nil {
 		return err
 	}

@@ -63,6 +63,10 @@ func TestLifecycle(t *testing.T) {
 	v1, v2 := "v0.1.0-test", "v0.2.0-test"
 	binaries := map[string]string{image(v1): build(t, v1), image(v2): build(t, v2)}
 	releases := t.TempDir()
+	// CAPM3's Deployment as clusterctl installs it; the webhook preallocates only beside it.
+	if err := cp.DeclareCAPM3(ctx, harness.CAPM3Image, false); err != nil {
+		t.Fatal(err)
+	}
 	dep := cp.RunDeployment(ctx, namespace, deployment, harness.RunOptions{
 		Binaries: binaries,
 		ExtraArgs: []string{
@@ -140,6 +144,14 @@ func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 	if served, err := servedCert(pod, caBundle); err != nil || !served.Equal(leaf) {
 		t.Fatalf("the webhook does not serve cert-manager's certificate %s: %v", leaf.SerialNumber, err)
 	}
+	// It found CAPM3 with its RBAC, and says so on its pod (named by the downward API).
+	harness.Eventually(t, 30*time.Second, func() error {
+		out := kubectl(t, nil, "events", "-n", namespace, "--for", "pod/"+pod.Name)
+		if !strings.Contains(out, "CAPM3Compatible") {
+			return fmt.Errorf("no CAPM3Compatible Event on pod %s: %q", pod.Name, out)
+		}
+		return nil
+	})
 
 	// The namespace enforces the restricted Pod Security Standard (the pod above passed it).
 	bad := &corev1.Pod{
