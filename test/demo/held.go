@@ -40,8 +40,18 @@ type Held struct {
 // heldNamespace is the second act's namespace of a mode.
 func heldNamespace(m mode) string { return m.namespace + "-held" }
 
+// heldNamespaces are the second act's namespaces, known before the first act's CAPM3 starts: it
+// leaves them to the second act's.
+func heldNamespaces() []string {
+	var out []string
+	for _, m := range modes {
+		out = append(out, heldNamespace(m))
+	}
+	return out
+}
+
 // heldAct runs the second act in every mode. Each mode has a CAPM3 of its own, watching only its
-// namespace and held from the start; the first act's CAPM3 does not watch these namespaces.
+// namespace and held from the start; the first act's CAPM3 watches every namespace but these.
 func (d *demo) heldAct(ctx context.Context, n int, pause time.Duration) ([]Held, error) {
 	fmt.Fprintln(d.out, wrap(fmt.Sprintf("\nSecond act: CAPM3's Metal3Data controller is held while %d machines arrive, then let go %v after "+
 		"the first, as after a CAPM3 restart or upgrade under load. Its Metal3DataTemplate controller and the IPAM keep working.", n, pause)))

@@ -97,12 +97,9 @@ func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 		return nil, err
 	}
 	defer func() { _ = ipam.Stop() }()
-	// The second act's namespaces have a CAPM3 of their own.
-	var firstAct []string
-	for _, m := range modes {
-		firstAct = append(firstAct, m.namespace)
-	}
-	capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{Templates: true, Namespaces: firstAct})
+	// The second act's namespaces have a CAPM3 of their own; this one, which keeps running after
+	// the acts, reconciles every other namespace, as CAPM3 does on a cluster.
+	capm3, err := stack.StartCAPM3(ctx, cp.Config, stack.Options{Templates: true, ExceptNamespaces: heldNamespaces()})
 	if err != nil {
 		return nil, err
 	}
@@ -129,9 +126,14 @@ func run(ctx context.Context, o options, out io.Writer) (*result, error) {
 	if rel, err := filepath.Rel(root, kubeconfig); err == nil && !strings.HasPrefix(rel, "..") {
 		kubeconfig = rel
 	}
-	fmt.Fprintf(out, "\nThe control plane keeps running, with the webhook registered. Try:\n  kubectl --kubeconfig %s get metal3datas,ipclaims,ipaddresses -A\n", kubeconfig)
-	fmt.Fprintf(out, "  kubectl --kubeconfig %s apply -n %s -f examples/more/\nNew Metal3Data are reported when Ready. Interrupt to stop.\n",
-		kubeconfig, preallocatedNamespace)
+	fmt.Fprintln(out, "\n"+wrap(fmt.Sprintf("The control plane keeps running, with the webhook registered, and CAPM3 and the IPAM reconcile every "+
+		"namespace but the second act's (%s, whose CAPM3 has stopped): what you apply in %s or a namespace of your own "+
+		"is admitted, preallocated and made Ready as on a cluster. Try:", strings.Join(heldNamespaces(), ", "), preallocatedNamespace)))
+	fmt.Fprintf(out, "  kubectl --kubeconfig %s get metal3datas,ipclaims,ipaddresses -A\n", kubeconfig)
+	fmt.Fprintf(out, "  kubectl --kubeconfig %s apply -n %s -f examples/more/\n", kubeconfig, preallocatedNamespace)
+	fmt.Fprintf(out, "  kubectl --kubeconfig %s create namespace mine\n", kubeconfig)
+	fmt.Fprintf(out, "  kubectl --kubeconfig %s apply -n mine -f examples/10-cluster.yaml -f examples/20-machines.yaml\n", kubeconfig)
+	fmt.Fprintln(out, "New Metal3Data are reported when Ready. Interrupt to stop.")
 	d.reportNew(ctx, res.Rows)
 	return res, nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/metal3-io/ip-address-manager/ipam"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
@@ -67,8 +68,12 @@ type Options struct {
 	// CAPM3's baremetal package).
 	BMHNameBased bool
 	// Namespaces are the only namespaces watched, as with the controllers' --namespace; empty
-	// watches all.
+	// watches all but ExceptNamespaces.
 	Namespaces []string
+	// ExceptNamespaces are not watched when Namespaces is empty: those of another manager, so
+	// that two never reconcile one namespace. Their objects are not even listed: every namespaced
+	// kind is watched across all namespaces with a field selector that leaves them out.
+	ExceptNamespaces []string
 	// Templates runs CAPM3's Metal3DataTemplate controller next to the Metal3Data controller, in
 	// the same manager as its main.go does (same client, same per-resource rate limits): Metal3Data
 	// then arrive from Metal3DataClaims, through CAPM3's own loop. Without it the caller creates
@@ -83,16 +88,27 @@ type Options struct {
 	CorrectedIPAM bool
 }
 
-func (o Options) cache() cache.Options {
+func (o Options) cache() (cache.Options, error) {
 	syncPeriod := 10 * time.Minute
 	c := cache.Options{SyncPeriod: &syncPeriod}
-	if len(o.Namespaces) > 0 {
+	switch {
+	case len(o.Namespaces) > 0 && len(o.ExceptNamespaces) > 0:
+		return c, errors.New("stack.Options: Namespaces and ExceptNamespaces both set")
+	case len(o.Namespaces) > 0:
 		c.DefaultNamespaces = map[string]cache.Config{}
 		for _, ns := range o.Namespaces {
 			c.DefaultNamespaces[ns] = cache.Config{}
 		}
+	case len(o.ExceptNamespaces) > 0:
+		// An entry of its own for a namespace would watch it with that entry's settings: the
+		// namespaces left out are left out of the one all-namespaces entry instead.
+		var except []fields.Selector
+		for _, ns := range o.ExceptNamespaces {
+			except = append(except, fields.OneTermNotEqualSelector("metadata.namespace", ns))
+		}
+		c.DefaultNamespaces = map[string]cache.Config{cache.AllNamespaces: {FieldSelector: fields.AndSelectors(except...)}}
 	}
-	return c
+	return c, nil
 }
 
 func (o Options) withDefaults() Options {
@@ -339,7 +355,10 @@ func StartCAPM3(ctx context.Context, cfg *rest.Config, opts Options) (*CAPM3, er
 
 	counter, arrivals := &Counter{}, &Arrivals{}
 	req, _ := labels.NewRequirement(clusterv1.ClusterNameLabel, selection.Exists, nil)
-	cacheOpts := opts.cache()
+	cacheOpts, err := opts.cache()
+	if err != nil {
+		return nil, err
+	}
 	cacheOpts.ByObject = map[client.Object]cache.ByObject{
 		&corev1.Secret{}: {Label: labels.NewSelector().Add(*req)},
 	}
@@ -464,6 +483,10 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 	_ = ipamv1.AddToScheme(s)
 	_ = clusterv1.AddToScheme(s)
 	_ = capipamv1.AddToScheme(s)
+	cacheOpts, err := opts.cache()
+	if err != nil {
+		return nil, err
+	}
 	newClient := client.New
 	if opts.CorrectedIPAM {
 		newClient = correctedIPAMClient
@@ -473,7 +496,7 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 		GracefulShutdownTimeout: &shutdownTimeout,
 		Metrics:                 metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress:  "0",
-		Cache:                   opts.cache(),
+		Cache:                   cacheOpts,
 		Client:                  client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.ConfigMap{}}}},
 		NewClient:               newClient,
 	})
