@@ -260,22 +260,23 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, admissio
 	if err := index.Setup(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
+	recorder := mgr.GetEventRecorder("ip-preallocator")
 	for _, gvk := range index.ClaimGVKs {
 		if err := (&release.Release{
-			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
 			GracePeriod: o.releaseGrace, HoldLimit: o.releaseHold, ClaimGVK: gvk,
 		}).SetupWithManager(mgr); err != nil {
 			return err
 		}
 	}
 	if err := (&handover.HandOver{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("ip-preallocator"),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
 		Admissions: admissions, Created: creations.Created(), Answers: creations.Answers,
 		TakeOverDelay: o.handOverDelay, IPAMWait: o.ipamWait,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&addresses.Addresses{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr)
+	return (&addresses.Addresses{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder}).SetupWithManager(mgr)
 }
 
 // cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.

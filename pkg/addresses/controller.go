@@ -10,9 +10,12 @@ import (
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -21,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -31,6 +35,7 @@ import (
 )
 
 // +kubebuilder:rbac:groups=ipam.metal3.io,resources=ipaddresses,verbs=get;list;watch;patch;delete
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Addresses looks after the IPAddresses of each IPClaim, as lifecycle.DecideAddresses decides,
 // from the cache's index of IPAddresses by IPClaim UID.
@@ -38,6 +43,7 @@ type Addresses struct {
 	Client client.Client
 	// APIReader reads the claim's status and managedFields, and its Metal3Data, live.
 	APIReader client.Reader
+	Recorder  events.EventRecorder
 }
 
 // SetupWithManager registers the controller under leader election.
@@ -93,21 +99,36 @@ func (a *Addresses) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		logger.Info(d.Why)
 	}
 	for i := range s.addresses {
+		address := &s.addresses[i]
+		var kind, note string
 		switch {
 		case d.Step == lifecycle.ReleaseStrays:
-			logger.Info("Releasing an IPAddress of a deleted waiting claim that the IPAM would not free",
-				"IPAddress", klog.KObj(&s.addresses[i]), "addresses", len(s.addresses))
-		case d.Step == lifecycle.ReleaseSurplus && s.addresses[i].Name != s.claim.Status.Address.Name:
-			logger.Info("Releasing an IPAddress the IPAM allocated twice for a claim, which the claim's status does not name",
-				"IPAddress", klog.KObj(&s.addresses[i]), "kept", s.claim.Status.Address.Name)
+			kind, note = "stray", "Released an IPAddress of a deleted waiting IPClaim, which the IPAM would not free"
+		case d.Step == lifecycle.ReleaseSurplus && address.Name != s.claim.Status.Address.Name:
+			kind, note = "surplus", "Released a second IPAddress the IPAM allocated for IPClaim "+s.claim.Name+", whose status names "+s.claim.Status.Address.Name
 		default:
 			continue
 		}
-		if err := allocation.ReleaseAddress(ctx, a.Client, &s.addresses[i]); err != nil {
+		deleted, err := allocation.ReleaseAddress(ctx, a.Client, address)
+		if err != nil {
 			return ctrl.Result{}, err
+		}
+		if deleted {
+			logger.Info(note, "IPAddress", klog.KObj(address))
+			addressesReleasedTotal.WithLabelValues(kind).Inc()
+			a.Recorder.Eventf(address, nil, corev1.EventTypeNormal, "IPAddressReleased", "Release", "%s", note)
 		}
 	}
 	return ctrl.Result{RequeueAfter: d.After}, nil
+}
+
+var addressesReleasedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "ip_preallocator_addresses_released_total",
+	Help: "Metal3 IPAddresses the webhook deleted because the IPAM would never free them, by kind (stray: of a deleted waiting IPClaim; surplus: a second one for one IPClaim).",
+}, []string{"kind"})
+
+func init() {
+	metrics.Registry.MustRegister(addressesReleasedTotal)
 }
 
 // facts reads the claim's IPAddresses and the claim from the cache, and, for a claim with two

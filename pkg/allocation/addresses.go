@@ -58,35 +58,34 @@ func ClaimAddresses(ctx context.Context, r client.Reader, claim *metav1.PartialO
 
 // ReleaseAddress releases, as the IPAM would, an IPAddress the IPAM never frees: one made for a claim
 // deleted before the IPAM could add its finalizer, or a second one its two IPPool controllers made
-// for one claim. It deletes before it removes the finalizer, so a half-done release is found again.
-func ReleaseAddress(ctx context.Context, c client.Writer, address *metav1.PartialObjectMetadata) error {
+// for one claim. It deletes before it removes the finalizer, so a half-done release is found again;
+// deleted tells whether this call deleted it.
+func ReleaseAddress(ctx context.Context, c client.Writer, address *metav1.PartialObjectMetadata) (deleted bool, err error) {
 	obj := Metadata(Metal3AddressGVK)
 	obj.SetNamespace(address.Namespace)
 	obj.SetName(address.Name)
 	if address.DeletionTimestamp.IsZero() {
 		err := c.Delete(ctx, obj, client.Preconditions{UID: &address.UID})
 		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			return nil
+			return false, nil
 		}
 		if err != nil {
-			return fmt.Errorf("deleting IPAddress %s/%s: %w", address.Namespace, address.Name, err)
+			return false, fmt.Errorf("deleting IPAddress %s/%s: %w", address.Namespace, address.Name, err)
 		}
+		deleted = true
 	}
 	i := slices.Index(address.Finalizers, ipamv1.IPAddressFinalizer)
 	if i < 0 {
-		return nil
+		return deleted, nil
 	}
 	path := fmt.Sprintf("/metadata/finalizers/%d", i)
-	err := patch(ctx, c, obj.GroupVersionKind(), address.Namespace, address.Name, []jsonpatch.Operation{
+	err = patch(ctx, c, obj.GroupVersionKind(), address.Namespace, address.Name, []jsonpatch.Operation{
 		jsonpatch.NewOperation("test", "/metadata/uid", address.UID),
 		jsonpatch.NewOperation("test", path, ipamv1.IPAddressFinalizer),
 		jsonpatch.NewOperation("remove", path, nil),
 	})
-	if IsTestFailure(err) || apierrors.IsNotFound(err) {
-		return nil
+	if err != nil && !IsTestFailure(err) && !apierrors.IsNotFound(err) {
+		return deleted, fmt.Errorf("removing the IPAM's finalizer from IPAddress %s/%s: %w", address.Namespace, address.Name, err)
 	}
-	if err != nil {
-		return fmt.Errorf("removing the IPAM's finalizer from IPAddress %s/%s: %w", address.Namespace, address.Name, err)
-	}
-	return nil
+	return deleted, nil
 }

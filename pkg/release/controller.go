@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -29,13 +31,19 @@ import (
 	"github.com/metal3-community/ip-preallocator/pkg/memory"
 )
 
-var releasesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "ip_preallocator_releases_total",
-	Help: "Preallocated claims released because their Metal3Data was never stored, by claim kind.",
-}, []string{"kind"})
+var (
+	releasesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ip_preallocator_releases_total",
+		Help: "Preallocated claims released because their Metal3Data was never stored, by claim kind.",
+	}, []string{"kind"})
+	finalizersRemovedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ip_preallocator_capm3_finalizers_removed_total",
+		Help: "CAPM3 finalizers the webhook removed from claims CAPM3 would never release, by claim kind and case (deleted-waiting: deleted before its Metal3Data was stored; orphan: its Metal3Data deleted before CAPM3's first reconcile).",
+	}, []string{"kind", "case"})
+)
 
 func init() {
-	metrics.Registry.MustRegister(releasesTotal)
+	metrics.Registry.MustRegister(releasesTotal, finalizersRemovedTotal)
 }
 
 // Release looks after the waiting, deleting and orphaned claims of one kind, as the decisions of
@@ -48,6 +56,7 @@ type Release struct {
 	// HoldLimit bounds how long past GracePeriod a claim is held.
 	HoldLimit time.Duration
 	ClaimGVK  schema.GroupVersionKind
+	Recorder  events.EventRecorder
 
 	// seen holds, beside each waiting claim's first sight, its holds once read, for the next look.
 	seen memory.Sightings[*lifecycle.Holds]
@@ -62,6 +71,9 @@ func (r *Release) SetupWithManager(mgr ctrl.Manager) error {
 		GenericFunc: func(event.GenericEvent) bool { return false },
 	}
 	name := "preallocation-release-" + r.ClaimGVK.Kind
+	if err := r.registerWaiting(mgr.GetCache()); err != nil {
+		return err
+	}
 	if err := ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		For(allocation.Metadata(r.ClaimGVK), builder.WithPredicates(notOwned)).
@@ -120,4 +132,42 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return r.reconcileOrphan(ctx, claim)
 	}
 	return ctrl.Result{}, nil
+}
+
+// registerWaiting exports, when scraped, how many claims of the kind wait for their Metal3Data and
+// the oldest one's age, from the cache: a claim waits seconds when its Metal3Data is stored, and
+// at most the grace period and the hold limit when it never is.
+func (r *Release) registerWaiting(c client.Reader) error {
+	labels := prometheus.Labels{"kind": r.ClaimGVK.Kind}
+	waiting := func() (n int, oldest time.Duration) {
+		ctx, cancel := context.WithTimeout(context.Background(), clock.MetricsRead)
+		defer cancel()
+		list := &metav1.PartialObjectMetadataList{}
+		list.SetGroupVersionKind(r.ClaimGVK.GroupVersion().WithKind(r.ClaimGVK.Kind + "List"))
+		if err := c.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+			return -1, -1
+		}
+		for i := range list.Items {
+			if allocation.PhaseOf(&list.Items[i]) == allocation.Waiting {
+				n++
+				oldest = max(oldest, time.Since(list.Items[i].CreationTimestamp.Time))
+			}
+		}
+		return n, oldest
+	}
+	for _, g := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ip_preallocator_waiting_claims", ConstLabels: labels,
+			Help: "Preallocated claims waiting for their Metal3Data to be stored (not handed over, not released), by kind.",
+		}, func() float64 { n, _ := waiting(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ip_preallocator_oldest_waiting_claim_age_seconds", ConstLabels: labels,
+			Help: "Age of the oldest preallocated claim waiting for its Metal3Data, by kind; 0 when none waits.",
+		}, func() float64 { _, oldest := waiting(); return oldest.Seconds() }),
+	} {
+		if err := metrics.Registry.Register(g); err != nil {
+			return fmt.Errorf("registering the waiting claims gauges of %s: %w", r.ClaimGVK.Kind, err)
+		}
+	}
+	return nil
 }

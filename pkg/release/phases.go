@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -118,9 +120,18 @@ func (r *Release) reconcileDeleting(ctx context.Context, claim *metav1.PartialOb
 		}
 		return ctrl.Result{RequeueAfter: d.After}, nil
 	}
-	log.FromContext(ctx).Info("Removing CAPM3's finalizer from a waiting claim that is being deleted", r.ClaimGVK.Kind, klog.KObj(claim))
-	_, err := allocation.Finish(ctx, r.Client, claim)
+	removed, err := allocation.Finish(ctx, r.Client, claim)
+	if removed && slices.Contains(claim.Finalizers, infrav1.DataFinalizer) {
+		r.finalizerRemoved(ctx, claim, "deleted-waiting", "Removed CAPM3's finalizer from a waiting claim being deleted: no Metal3Data will release it")
+	}
 	return ctrl.Result{}, err
+}
+
+// finalizerRemoved tells of a removal of CAPM3's finalizer, which CAPM3 would otherwise remove.
+func (r *Release) finalizerRemoved(ctx context.Context, claim *metav1.PartialObjectMetadata, kind, note string) {
+	log.FromContext(ctx).Info(note, r.ClaimGVK.Kind, klog.KObj(claim))
+	finalizersRemovedTotal.WithLabelValues(r.ClaimGVK.Kind, kind).Inc()
+	r.Recorder.Eventf(claim, nil, corev1.EventTypeNormal, "CAPM3FinalizerRemoved", "Finish", "%s", note)
 }
 
 // reconcileOrphan removes CAPM3's finalizer from a claim being deleted once a live read shows its
@@ -136,9 +147,10 @@ func (r *Release) reconcileOrphan(ctx context.Context, claim *metav1.PartialObje
 	if d.Step != lifecycle.Finish {
 		return ctrl.Result{RequeueAfter: d.After}, nil
 	}
-	log.FromContext(ctx).Info("Removing CAPM3's finalizer from a claim whose Metal3Data is gone", r.ClaimGVK.Kind, klog.KObj(claim),
-		"Metal3Data", klog.KRef(claim.Namespace, owner.Name))
-	_, err = allocation.FinishOrphan(ctx, r.Client, claim, owner.UID)
+	removed, err := allocation.FinishOrphan(ctx, r.Client, claim, owner.UID)
+	if removed {
+		r.finalizerRemoved(ctx, claim, "orphan", "Removed CAPM3's finalizer from a claim whose Metal3Data "+owner.Name+" is gone: CAPM3 releases nothing for a Metal3Data deleted before its first reconcile")
+	}
 	return ctrl.Result{}, err
 }
 

@@ -3,6 +3,7 @@ package release
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -37,12 +39,28 @@ func settle(r *Release, req ctrl.Request) (ctrl.Result, error) {
 }
 
 // releaseStrays runs the addresses' controller on each IPAddress, as the leader does beside the release.
-func releaseStrays(t *testing.T, c client.Client, addrs ...client.Object) {
+// releaseStrays runs the addresses controller on addrs and returns the reasons of its Events.
+func releaseStrays(t *testing.T, c client.Client, addrs ...client.Object) []string {
 	t.Helper()
+	recorder := events.NewFakeRecorder(10)
 	for _, a := range addrs {
 		req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(a)}
-		if _, err := (&addressctl.Addresses{Client: c, APIReader: c}).Reconcile(context.Background(), req); err != nil {
+		if _, err := (&addressctl.Addresses{Client: c, APIReader: c, Recorder: recorder}).Reconcile(context.Background(), req); err != nil {
 			t.Fatal(err)
+		}
+	}
+	return reasons(recorder)
+}
+
+// reasons drains the Events recorded so far and returns their reasons.
+func reasons(r *events.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-r.Events:
+			out = append(out, strings.Fields(e)[1])
+		default:
+			return out
 		}
 	}
 }
@@ -51,7 +69,7 @@ func TestRelease(t *testing.T) {
 	ctx := context.Background()
 	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "tmpl-0-a"}}
 	newRelease := func(c, live client.Client, grace time.Duration) *Release {
-		return &Release{Client: c, APIReader: live, GracePeriod: grace, ClaimGVK: allocation.IPClaimGVK}
+		return &Release{Client: c, APIReader: live, GracePeriod: grace, ClaimGVK: allocation.IPClaimGVK, Recorder: events.NewFakeRecorder(10)}
 	}
 	exists := func(c client.Reader) bool {
 		err := c.Get(ctx, req.NamespacedName, &ipamv1.IPClaim{})
@@ -187,6 +205,9 @@ func TestRelease(t *testing.T) {
 		if _, err := settle(r, req); err != nil || slices.Contains(finalizersOf(t, deletedBusy), infrav1.DataFinalizer) {
 			t.Fatalf("deleted, past the hold limit: %v", err)
 		}
+		if got := reasons(r.Recorder.(*events.FakeRecorder)); !slices.Equal(got, []string{"CAPM3FinalizerRemoved"}) {
+			t.Errorf("Events %v, want one CAPM3FinalizerRemoved", got)
+		}
 	})
 	t.Run("a reclaimed claim starts its grace period again", func(t *testing.T) {
 		c := controllertest.IndexedClient(interceptor.Funcs{}, controllertest.WaitingClaim("tmpl-0-a", "t1"))
@@ -266,7 +287,9 @@ func TestRelease(t *testing.T) {
 		if res, err := settle(r, req); err != nil || res.RequeueAfter <= 0 || !exists(c) {
 			t.Fatalf("first look: %v %v exists=%v", res, err, exists(c))
 		}
-		releaseStrays(t, c, addresses...)
+		if got := releaseStrays(t, c, addresses...); !slices.Equal(got, []string{"IPAddressReleased", "IPAddressReleased"}) {
+			t.Errorf("Events %v, want an IPAddressReleased per IPAddress", got)
+		}
 		for _, a := range addresses {
 			if err := c.Get(ctx, client.ObjectKeyFromObject(a), &ipamv1.IPAddress{}); !apierrors.IsNotFound(err) {
 				t.Errorf("IPAddress %s is still there: %v", a.GetName(), err)
@@ -357,7 +380,8 @@ func TestOrphanFinished(t *testing.T) {
 			if err := c.Delete(ctx, owned); err != nil {
 				t.Fatal(err)
 			}
-			r := &Release{Client: c, APIReader: c, GracePeriod: time.Hour, ClaimGVK: allocation.IPClaimGVK}
+			recorder := events.NewFakeRecorder(10)
+			r := &Release{Client: c, APIReader: c, GracePeriod: time.Hour, ClaimGVK: allocation.IPClaimGVK, Recorder: recorder}
 			res, err := settle(r, req)
 			if err != nil {
 				t.Fatal(err)
@@ -365,6 +389,9 @@ func TestOrphanFinished(t *testing.T) {
 			gone := apierrors.IsNotFound(c.Get(ctx, req.NamespacedName, &ipamv1.IPClaim{}))
 			if gone != tc.wantGone || !tc.wantGone && res.RequeueAfter <= 0 {
 				t.Errorf("gone=%v requeue=%v", gone, res.RequeueAfter)
+			}
+			if got := reasons(recorder); tc.wantGone != slices.Equal(got, []string{"CAPM3FinalizerRemoved"}) || !tc.wantGone && len(got) > 0 {
+				t.Errorf("Events %v", got)
 			}
 		})
 	}
