@@ -1,0 +1,85 @@
+package install
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/metal3-community/ip-preallocator/test/harness"
+)
+
+// footprintRow is one row of docs/footprint.md, which make footprint writes from what it measured.
+var footprintRow = regexp.MustCompile(`(?m)^\| (\d+) \| (\d+) \| (\d+) \|`)
+
+// TestMemoryFromFootprint: the manifest's memory request holds the resident memory make footprint
+// measured with its largest fleet, rounded up to 32 MiB; its limit twice the peak measured while
+// that fleet's caches synced, rounded up to a power of two; the README states both.
+func TestMemoryFromFootprint(t *testing.T) {
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile(filepath.Join(root, "docs", "footprint.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	machines, resident, peak := 0, 0, 0
+	for _, row := range footprintRow.FindAllStringSubmatch(string(page), -1) {
+		n, _ := strconv.Atoi(row[1])
+		if n >= machines {
+			machines = n
+			resident, _ = strconv.Atoi(row[2])
+			peak, _ = strconv.Atoi(row[3])
+		}
+	}
+	if machines == 0 {
+		t.Fatal("docs/footprint.md has no measured fleet")
+	}
+	wantRequest := (resident + 31) / 32 * 32
+	wantLimit := 1
+	for wantLimit < 2*peak {
+		wantLimit *= 2
+	}
+
+	dep := one[appsv1.Deployment](t, capm3File(t, "config/manager/manager.yaml"), "Deployment")
+	res := dep.Spec.Template.Spec.Containers[0].Resources
+	for name, got := range map[string]struct {
+		q    resource.Quantity
+		want int
+	}{
+		"request": {res.Requests[corev1.ResourceMemory], wantRequest},
+		"limit":   {res.Limits[corev1.ResourceMemory], wantLimit},
+	} {
+		if got.q.Value() != int64(got.want)<<20 {
+			t.Errorf("memory %s %s, want %dMi (footprint: %d MiB resident and %d MiB at the peak with %d machines)",
+				name, got.q.String(), got.want, resident, peak, machines)
+		}
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		strconv.Itoa(wantRequest) + "Mi", strconv.Itoa(wantLimit) + "Mi",
+		strconv.Itoa(resident) + " MiB with " + thousands(machines), strconv.Itoa(peak) + " MiB at the peak",
+	} {
+		if !strings.Contains(strings.Join(strings.Fields(string(readme)), " "), want) {
+			t.Errorf("README.md does not state %q", want)
+		}
+	}
+}
+
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	if len(s) > 3 {
+		s = s[:len(s)-3] + "," + s[len(s)-3:]
+	}
+	return s
+}
