@@ -48,7 +48,11 @@ func TestMemoryFromFootprint(t *testing.T) {
 		wantLimit *= 2
 	}
 
-	dep := one[appsv1.Deployment](t, capm3File(t, "config/manager/manager.yaml"), "Deployment")
+	manager, err := os.ReadFile(filepath.Join(root, "config", "manager", "manager.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep := one[appsv1.Deployment](t, decode(t, manager), "Deployment")
 	res := dep.Spec.Template.Spec.Containers[0].Resources
 	for name, got := range map[string]struct {
 		q    resource.Quantity
