@@ -100,6 +100,9 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	if err := refuseSecondInstall(ctx, mgr.GetAPIReader(), os.Getenv("POD_NAMESPACE")); err != nil {
+		return err
+	}
 	// Informers registered before the start are part of the readiness cache sync.
 	for _, obj := range cached(o.ipamWait > 0) {
 		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {

@@ -26,6 +26,9 @@ const (
 	ReasonIncompatibleCAPM3 = "IncompatibleCAPM3"
 )
 
+// WebhookName is the preallocating webhook's name in its MutatingWebhookConfiguration.
+const WebhookName = "preallocate.metal3data.ip-preallocator.metal3.io"
+
 // +kubebuilder:webhook:path=/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups=infrastructure.cluster.x-k8s.io,resources=metal3datas,verbs=create,versions=v1beta2,name=preallocate.metal3data.ip-preallocator.metal3.io,matchPolicy=Equivalent,reinvocationPolicy=Never,timeoutSeconds=5,admissionReviewVersions=v1
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=metal3datatemplates;metal3machines,verbs=get;list;watch
