@@ -243,7 +243,7 @@ const gateLabel = "test.ip-preallocator.metal3.io/gated"
 // Every namespace has two templates: workersTemplate, the fixtures' ThreePoolTemplate (two Metal3
 // IPPools and an InClusterIPPool), and mastersTemplate, the same without the InClusterIPPool. Only
 // a share of the machines use the first: the in-cluster IPAM provider fulfils and releases one
-// claim at a time at 20 requests/s (no flag raises either), so with every machine on it, it alone
+// claim at a time (one worker, no flag raises it; its client has no rate limit), so with every machine on it, it alone
 // would keep Metal3Data from being Ready, and namespaces from being deleted, for longer than the
 // checks allow.
 const (
