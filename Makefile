@@ -24,6 +24,9 @@ RELEASE_DIR ?= out
 ENABLE_BMH_NAME_BASED_PREALLOCATION ?= false
 # false renders the release without the Metal3DataTemplate validation (config/components/no-template-validation).
 TEMPLATE_VALIDATION ?= true
+# true adds the alerts as a PrometheusRule (config/components/prometheus-rules; needs the Prometheus
+# Operator's CRDs).
+PROMETHEUS_RULES ?= false
 # Scope the release as CAPM3's --namespace and --watch-filter scope CAPM3: the webhooks' namespace
 # and object selectors, and the flags that restrict the caches and controllers.
 WATCH_NAMESPACE ?=
@@ -131,7 +134,7 @@ run: build ## Run the webhook against the current kubeconfig, with certificates 
 ##@ Release
 
 .PHONY: release
-release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: config/default with IMG, VERSION, ENABLE_BMH_NAME_BASED_PREALLOCATION, TEMPLATE_VALIDATION, WATCH_NAMESPACE and WATCH_FILTER.
+release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: config/default with IMG, VERSION, ENABLE_BMH_NAME_BASED_PREALLOCATION, TEMPLATE_VALIDATION, PROMETHEUS_RULES, WATCH_NAMESPACE and WATCH_FILTER.
 	@mkdir -p $(RELEASE_DIR)
 	@overlay=$$(mktemp -d) && trap 'rm -rf "$$overlay"' EXIT && cd "$$overlay" && \
 	$(KUSTOMIZE) create --resources "$$(realpath --relative-to=. $(CURDIR)/config/default)" && \
@@ -141,6 +144,8 @@ release: $(KUSTOMIZE) ## Write $(RELEASE_DIR)/install.yaml for kubectl apply: co
 		$(KUSTOMIZE) edit add component "$$(realpath --relative-to=. $(CURDIR)/config/components/bmh-name-based)"; fi && \
 	if [ "$(TEMPLATE_VALIDATION)" = false ]; then \
 		$(KUSTOMIZE) edit add component "$$(realpath --relative-to=. $(CURDIR)/config/components/no-template-validation)"; fi && \
+	if [ "$(PROMETHEUS_RULES)" = true ]; then \
+		$(KUSTOMIZE) edit add component "$$(realpath --relative-to=. $(CURDIR)/config/components/prometheus-rules)"; fi && \
 	if [ -n "$(WATCH_NAMESPACE)" ]; then \
 		$(KUSTOMIZE) edit add patch --kind Deployment --patch '[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--namespace=$(WATCH_NAMESPACE)"}]' && \
 		for kind in MutatingWebhookConfiguration ValidatingWebhookConfiguration; do \
@@ -172,6 +177,10 @@ deploy: release ## Install the release into the cluster of the current kubeconfi
 undeploy: ## Uninstall $(RELEASE_DIR)/install.yaml as deployed, not rendered again, in the safe order: mutating webhook, waiting claims finished, the rest.
 	@test -f $(RELEASE_DIR)/install.yaml || { echo "$(RELEASE_DIR)/install.yaml is missing: set RELEASE_DIR to the release you deployed"; exit 1; }
 	KUBECTL=$(KUBECTL) hack/undeploy.sh $(RELEASE_DIR)/install.yaml
+
+.PHONY: verify-install
+verify-install: ## After an install, with kubectl only (KUBECTL, the current kubeconfig): admit a Metal3Data in a throw-away namespace, show its preallocated claims and their hand-over, remove everything; PASS or FAIL with the reason.
+	KUBECTL="$(KUBECTL)" hack/verify-install.sh
 
 ##@ Tools
 

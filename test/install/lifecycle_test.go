@@ -98,6 +98,10 @@ func TestLifecycle(t *testing.T) {
 	if !t.Run("install", func(t *testing.T) { caBundle, pod = testInstall(t, dep, w, filepath.Join(releases, v1), v1) }) {
 		return
 	}
+	if !t.Run("make verify-install", func(t *testing.T) { testVerifyInstall(t, w, filepath.Join(releases, v1), caBundle) }) {
+		return
+	}
+	t.Run("alerts", func(t *testing.T) { testAlerts(t, pod) })
 	if !t.Run("renewal under a stream of admissions", func(t *testing.T) { testRenewal(t, dep, pod, w, caBundle) }) {
 		return
 	}
