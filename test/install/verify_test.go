@@ -99,9 +99,12 @@ func verifyInstall() (string, error) {
 }
 
 // lastLine is the script's last line: make's own error line follows it on failure.
+// makeError is make's own line about a failed recipe, "make[1]: ..." under another make.
+var makeError = regexp.MustCompile(`^make(\[\d+\])?: `)
+
 func lastLine(out string) string {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	for i := len(lines) - 1; i > 0 && strings.HasPrefix(lines[i], "make: "); i-- {
+	for i := len(lines) - 1; i > 0 && makeError.MatchString(lines[i]); i-- {
 		lines = lines[:i]
 	}
 	return lines[len(lines)-1]
