@@ -14,12 +14,12 @@ suites=(
   "./stack           50  3m"
   "./equivalence     10  3m"
   "./e2e             45  5m"
-  "./install        125  8m"
-  "./demo            45  5m"
-  "./bench          480 20m -v"
+  "./install        175  8m"
+  "./demo            70  5m"
+  "./bench          505 20m -v"
   "./faults           5  3m -run ^TestCheck"
   "./faults         430 15m -run TestFaults/^(kills|rejected-after-mutation|leader-loss|api-faults)$"
-  "./integration    310 10m -v"
+  "./integration    360 12m -v"
   "./ipamrace        40  5m -v"
 )
 
