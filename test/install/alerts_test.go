@@ -90,14 +90,7 @@ type alertRule struct {
 // rules as Prometheus loads them.
 func loadRules(t *testing.T) (prometheusRule, []alertRule) {
 	t.Helper()
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(filepath.Join(root, rulesFile))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := repoFile(t, rulesFile)
 	var pr prometheusRule
 	if err := yaml.UnmarshalStrict(data, &pr); err != nil {
 		t.Fatalf("%s is not a PrometheusRule: %v", rulesFile, err)
@@ -153,14 +146,7 @@ func TestAlertRules(t *testing.T) {
 	}
 
 	// README.md: a link to the file, how to enable it, a table of the same alerts, and no copy.
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	readme := repoFile(t, "README.md")
 	_, section, _ := strings.Cut(string(readme), "\n## Metrics\n")
 	section, _, _ = strings.Cut(section, "\n## More")
 	for _, want := range []string{"(" + rulesFile + ")", "PROMETHEUS_RULES=true"} {

@@ -1,8 +1,6 @@
 package install
 
 import (
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -11,8 +9,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-
-	"github.com/metal3-community/ip-preallocator/test/harness"
 )
 
 // footprintRow is one row of docs/footprint.md, which make footprint writes from what it measured.
@@ -22,14 +18,7 @@ var footprintRow = regexp.MustCompile(`(?m)^\| (\d+) \| (\d+) \| (\d+) \|`)
 // measured with its largest fleet, rounded up to 32 MiB; its limit twice the peak measured while
 // that fleet's caches synced, rounded up to a power of two; the README states both.
 func TestMemoryFromFootprint(t *testing.T) {
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	page, err := os.ReadFile(filepath.Join(root, "docs", "footprint.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	page := repoFile(t, "docs/footprint.md")
 	machines, resident, peak := 0, 0, 0
 	for _, row := range footprintRow.FindAllStringSubmatch(string(page), -1) {
 		n, _ := strconv.Atoi(row[1])
@@ -48,11 +37,7 @@ func TestMemoryFromFootprint(t *testing.T) {
 		wantLimit *= 2
 	}
 
-	manager, err := os.ReadFile(filepath.Join(root, "config", "manager", "manager.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dep := one[appsv1.Deployment](t, decode(t, manager), "Deployment")
+	dep := one[appsv1.Deployment](t, decode(t, repoFile(t, "config/manager/manager.yaml")), "Deployment")
 	res := dep.Spec.Template.Spec.Containers[0].Resources
 	for name, got := range map[string]struct {
 		q    resource.Quantity
@@ -66,10 +51,7 @@ func TestMemoryFromFootprint(t *testing.T) {
 				name, got.q.String(), got.want, resident, peak, machines)
 		}
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	readme := repoFile(t, "README.md")
 	for _, want := range []string{
 		strconv.Itoa(wantRequest) + "Mi", strconv.Itoa(wantLimit) + "Mi",
 		strconv.Itoa(resident) + " MiB with " + thousands(machines), strconv.Itoa(peak) + " MiB at the peak",

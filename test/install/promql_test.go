@@ -32,14 +32,7 @@ var (
 // readmeSelectors reads the selectors of README.md's PromQL blocks and of any alerts it shows.
 func readmeSelectors(t *testing.T) []selector {
 	t.Helper()
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	readme := repoFile(t, "README.md")
 	var out []selector
 	for _, block := range fencedBlock.FindAllStringSubmatch(string(readme), -1) {
 		if block[1] == "yaml" && !strings.Contains(block[2], "alert:") {
@@ -171,4 +164,18 @@ process_open_fds 12
 			t.Errorf("%s matches: %v, want %v", query, got, want)
 		}
 	}
+}
+
+// repoFile reads a file of the repository.
+func repoFile(t *testing.T, path string) []byte {
+	t.Helper()
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
