@@ -135,39 +135,49 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 }
 
 // registerWaiting exports, when scraped, how many claims of the kind wait for their Metal3Data and
-// the oldest one's age, from the cache: a claim waits seconds when its Metal3Data is stored, and
-// at most the grace period and the hold limit when it never is.
+// the oldest one's age, from one list of the cache: a claim waits seconds when its Metal3Data is
+// stored, and at most the grace period and the hold limit when it never is.
 func (r *Release) registerWaiting(c client.Reader) error {
-	labels := prometheus.Labels{"kind": r.ClaimGVK.Kind}
-	waiting := func() (n int, oldest time.Duration) {
-		ctx, cancel := context.WithTimeout(context.Background(), clock.MetricsRead)
-		defer cancel()
-		list := &metav1.PartialObjectMetadataList{}
-		list.SetGroupVersionKind(r.ClaimGVK.GroupVersion().WithKind(r.ClaimGVK.Kind + "List"))
-		if err := c.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
-			return -1, -1
-		}
-		for i := range list.Items {
-			if allocation.PhaseOf(&list.Items[i]) == allocation.Waiting {
-				n++
-				oldest = max(oldest, time.Since(list.Items[i].CreationTimestamp.Time))
-			}
-		}
-		return n, oldest
+	kind := prometheus.Labels{"kind": r.ClaimGVK.Kind}
+	w := &waiting{cache: c, gvk: r.ClaimGVK,
+		count: prometheus.NewDesc("ip_preallocator_waiting_claims",
+			"Preallocated claims waiting for their Metal3Data to be stored (not handed over, not released), by kind.", nil, kind),
+		oldest: prometheus.NewDesc("ip_preallocator_oldest_waiting_claim_age_seconds",
+			"Age of the oldest preallocated claim waiting for its Metal3Data, by kind; 0 when none waits.", nil, kind),
 	}
-	for _, g := range []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "ip_preallocator_waiting_claims", ConstLabels: labels,
-			Help: "Preallocated claims waiting for their Metal3Data to be stored (not handed over, not released), by kind.",
-		}, func() float64 { n, _ := waiting(); return float64(n) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "ip_preallocator_oldest_waiting_claim_age_seconds", ConstLabels: labels,
-			Help: "Age of the oldest preallocated claim waiting for its Metal3Data, by kind; 0 when none waits.",
-		}, func() float64 { _, oldest := waiting(); return oldest.Seconds() }),
-	} {
-		if err := metrics.Registry.Register(g); err != nil {
-			return fmt.Errorf("registering the waiting claims gauges of %s: %w", r.ClaimGVK.Kind, err)
-		}
+	if err := metrics.Registry.Register(w); err != nil {
+		return fmt.Errorf("registering the waiting claims gauges of %s: %w", r.ClaimGVK.Kind, err)
 	}
 	return nil
+}
+
+// waiting collects both gauges of one claim kind from one list of the cache.
+type waiting struct {
+	cache         client.Reader
+	gvk           schema.GroupVersionKind
+	count, oldest *prometheus.Desc
+}
+
+func (w *waiting) Describe(ch chan<- *prometheus.Desc) {
+	ch <- w.count
+	ch <- w.oldest
+}
+
+func (w *waiting) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), clock.MetricsRead)
+	defer cancel()
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(w.gvk.GroupVersion().WithKind(w.gvk.Kind + "List"))
+	n, oldest := 0, time.Duration(0)
+	if err := w.cache.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+		n, oldest = -1, -1
+	}
+	for i := range list.Items {
+		if allocation.PhaseOf(&list.Items[i]) == allocation.Waiting {
+			n++
+			oldest = max(oldest, time.Since(list.Items[i].CreationTimestamp.Time))
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(w.count, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(w.oldest, prometheus.GaugeValue, oldest.Seconds())
 }
