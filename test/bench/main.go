@@ -58,6 +58,8 @@ type config struct {
 	page string
 	// pageOnly writes the page from the results already in the results directory, and runs nothing.
 	pageOnly bool
+	// profiled are the setting/scenario names whose runs profile the API server's CPU.
+	profiled []string
 	// fleet is the size of the standing fleet written before the scenarios run; 0: none.
 	fleet int
 }
@@ -98,6 +100,11 @@ func main() {
 	flag.StringVar(&c.page, "page", "docs/benchmarks.md", "Page written from the results, relative to the repository; empty for none.")
 	flag.BoolVar(&c.pageOnly, "page-only", false, "Only write the page from the results already saved.")
 	flag.IntVar(&c.fleet, "fleet", 0, "Ready machines of a standing fleet, over 10 namespaces, written directly before the scenarios run (as a restore from backup would), which CAPM3, the IPAM and the webhook then hold in their caches.")
+	c.profiled = []string{"raised-limits/burst"}
+	flag.Func("profile", "Profile the API server's CPU during the runs of these setting/scenario names, separated by commas (default raised-limits/burst); each profile goes to the logs directory, what it went to into the results.", func(v string) error {
+		c.profiled = strings.Split(v, ",")
+		return nil
+	})
 	flag.StringVar(&c.webhookArgs, "webhook-args", "", "Extra flags for the single webhook process (not the leader-loss replicas), separated by spaces, e.g. --handover-ipam-wait=0.")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./bench [flags]\n\nThe default sizes take about 20 minutes on 2 cores; the larger run (about two hours):\n  make bench BENCH_ARGS=%q\n\n", bigArgs)
@@ -251,6 +258,11 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	if err := cp.StartInClusterIPAM(ctx); err != nil {
 		return nil, err
 	}
+	if c.fleet > 0 {
+		if err := settleFleet(ctx, cp, out); err != nil {
+			return nil, err
+		}
+	}
 	ready, err := stack.WatchReadiness(ctx, cp.Config)
 	if err != nil {
 		return nil, err
@@ -299,9 +311,6 @@ func writeFleet(ctx context.Context, cp *harness.ControlPlane, machines int, out
 	fmt.Fprintf(out, "Standing fleet: %d Ready machines over %d namespaces, written in %s\n", machines, fleetNamespaces, time.Since(start).Round(time.Second))
 	return cp.RegisterMutatingWebhooks(ctx)
 }
-
-// fleetNamespaces is how many namespaces the standing fleet is spread over.
-const fleetNamespaces = 10
 
 // runScenarios runs every selected scenario in every mode, then the leader-loss scenario, which
 // replaces the webhook process by two replicas. The single process is restarted around the no-op

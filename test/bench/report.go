@@ -93,6 +93,9 @@ type Run struct {
 	// the last Metal3Data was Ready, CPUWindow seconds.
 	CPU       cpuClock
 	CPUWindow float64
+	// APIServerCPU is, in profiled runs, the API server's CPU time in ms per Metal3Data by what it
+	// went to (see cpuUses), from a profile of the same window.
+	APIServerCPU map[string]float64 `json:",omitempty"`
 	// Causes counts CAPM3's reconciles per Metal3Data by what woke them (see recordCauses).
 	Causes map[string]float64
 	// In the leader-loss scenario: whether a leading replica was killed, when (seconds after the
@@ -377,6 +380,7 @@ func printReport(out io.Writer, r *Report) {
 	printComparisons(out, r)
 	printSpeedCheck(out, r.Paired)
 	printCPU(out, r)
+	printAPIServerCPU(out, r)
 	printCauses(out, r)
 	printRequests(out, r)
 	fmt.Fprintf(out, "\nLoad average (1 min) during the benchmark: min %.1f, mean %.1f, max %.1f (%d samples)\n", r.Load.Min, r.Load.Mean, r.Load.Max, r.Load.Samples)

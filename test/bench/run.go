@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -450,6 +451,16 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	if err != nil {
 		return nil, err
 	}
+	stopProfile, profiled := make(chan struct{}), make(chan error, 1)
+	var stopOnce sync.Once
+	defer stopOnce.Do(func() { close(stopProfile) })
+	if slices.Contains(b.cfg.profiled, s.Name+"/"+sc.Name) {
+		go func() {
+			profiled <- b.profileRun(ctx, run, stopProfile, filepath.Join(b.cp.Dir, ns+".apiserver.pprof"))
+		}()
+	} else {
+		profiled <- nil
+	}
 	claims, released, err := b.drive(ctx, sc, capm3, ms, run)
 	if err != nil {
 		return nil, err
@@ -470,6 +481,10 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 		return nil, err
 	}
 	run.CPU, run.CPUWindow = cpuTo.minus(cpuFrom), time.Since(loadFrom).Seconds()
+	stopOnce.Do(func() { close(stopProfile) })
+	if err := <-profiled; err != nil {
+		return nil, err
+	}
 	if !released.IsZero() {
 		run.Released = released.Sub(origin(claims, -1)).Seconds()
 	}
@@ -487,6 +502,9 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	events, err := b.cp.AuditSince(offset)
 	if err != nil {
 		return nil, err
+	}
+	if writes := fleetWrites(events); writes > 0 {
+		return nil, fmt.Errorf("%s: the IPAMs wrote %d times to the standing fleet during the run, which then measured their catching up", ns, writes)
 	}
 	after, err := b.admissionClocks(ctx)
 	if err != nil {

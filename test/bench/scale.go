@@ -86,6 +86,8 @@ type scaleRow struct {
 	admissionBound float64
 	overNoOp       bool
 	held           int
+	// order is the modes in the order they ran, one repetition after another.
+	order string
 }
 
 // modeFigures are one mode's means over its runs of a scenario.
@@ -122,10 +124,12 @@ func scaleRows(r *Report) []scaleRow {
 	var rows []scaleRow
 	for _, q := range r.Comparisons {
 		var stock, pre, noOp []*Run
+		order := map[int][]string{}
 		for _, run := range r.Runs {
 			if run.Setting != q.Setting || run.Scenario != q.Scenario {
 				continue
 			}
+			order[run.Repeat] = append(order[run.Repeat], run.Mode)
 			switch run.Mode {
 			case modeStock:
 				stock = append(stock, run)
@@ -136,7 +140,7 @@ func scaleRows(r *Report) []scaleRow {
 			}
 		}
 		row := scaleRow{setting: q.Setting, scenario: q.Scenario, machines: stock[0].N, reps: q.Repetitions,
-			stock: figuresOf(stock), pre: figuresOf(pre), ratio: q.Total, share: 1}
+			stock: figuresOf(stock), pre: figuresOf(pre), ratio: q.Total, share: 1, order: runOrder(order)}
 		var claimWrites []float64
 		for _, run := range pre {
 			row.share = min(row.share, preallocatedShare(run))
@@ -154,11 +158,11 @@ func scaleRows(r *Report) []scaleRow {
 
 // writeScaleSection writes the page's section on the scale run.
 func writeScaleSection(b *bytes.Buffer, r *Report) {
-	fmt.Fprintf(b, "\n## At scale\n\nWritten by `make bench-scale` (`go run ./bench --scale`; the runs column says how many pairs ran) from `bench/results/scale/results.json` (%s to %s UTC). Beside a standing fleet of %d Ready machines over %d namespaces, written directly as a restore from backup would, stock, preallocated and, in the slow arrival, the no-op webhook take turns. Each scenario spreads its Metal3DataClaims over 10 templates; the backlog holds CAPM3's Metal3Data controller while they arrive (its IPAM with raised limits, as in make bench's backlog)%s. Times are means over the repetitions, in seconds.\n",
-		r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.UTC().Format("15:04"), r.Fleet, fleetNamespaces, slowClause(r.SlowRate))
+	fmt.Fprintf(b, "\n## At scale\n\nWritten by `make bench-scale` (`go run ./bench --scale`; the runs column says how many pairs ran) from `bench/results/scale/results.json` (%s to %s UTC). Beside a standing fleet of %d Ready machines over %d namespaces, written directly as a restore from backup would (its IPClaims answered, with the Metal3 IPAM's finalizers; its IPAddressClaims answered by the in-cluster IPAM before the first run, which starts once no IPAM has written to the fleet for %s; a run during which one does fails), stock, preallocated and, in the slow arrival, the no-op webhook take turns, in the order the table gives. CAPM3 and the Metal3 IPAM watch only the run's namespace. Each scenario spreads its Metal3DataClaims over 10 templates; the backlog holds CAPM3's Metal3Data controller while they arrive (its IPAM with raised limits, as in make bench's backlog)%s. Times are means over the repetitions, in seconds.\n",
+		r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.UTC().Format("15:04"), r.Fleet, fleetNamespaces, fleetQuiet, slowClause(r.SlowRate))
 	rows := scaleRows(r)
-	fmt.Fprintln(b, "\n| setting | scenario | machines | runs of each mode | stock: total, p50, p99 | preallocated: total, p50, p99 | total ratio | target | claims preallocated (least of the runs) | Metal3Data create at the API server p50 / p99 (ms): stock, preallocated | p99 bound: one claim write over the no-op webhook's (*) or stock's | verdict |")
-	fmt.Fprintln(b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintln(b, "\n| setting | scenario | machines | runs of each mode | order of the runs | stock: total, p50, p99 | preallocated: total, p50, p99 | total ratio | target | claims preallocated (least of the runs) | Metal3Data create at the API server p50 / p99 (ms): stock, preallocated | p99 bound: one claim write over the no-op webhook's (*) or stock's | verdict |")
+	fmt.Fprintln(b, "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
 	for _, row := range rows {
 		target := "–"
 		if t, ok := scaleTargets[row.scenario]; ok {
@@ -168,8 +172,8 @@ func writeScaleSection(b *bytes.Buffer, r *Report) {
 		if row.overNoOp {
 			bound += " (*)"
 		}
-		fmt.Fprintf(b, "| %s | %s | %d | %d | %.0f, %.1f, %.1f | %.0f, %.1f, %.1f | %.2f | %s | %.1f%% | %.0f / %.0f, %.0f / %.0f | %s | %s |\n",
-			row.setting, row.scenario, row.machines, row.reps, row.stock.total, row.stock.p50, row.stock.p99, row.pre.total, row.pre.p50, row.pre.p99,
+		fmt.Fprintf(b, "| %s | %s | %d | %d | %s | %.0f, %.1f, %.1f | %.0f, %.1f, %.1f | %.2f | %s | %.1f%% | %.0f / %.0f, %.0f / %.0f | %s | %s |\n",
+			row.setting, row.scenario, row.machines, row.reps, row.order, row.stock.total, row.stock.p50, row.stock.p99, row.pre.total, row.pre.p50, row.pre.p99,
 			row.ratio, target, 100*row.share, 1000*row.stock.createP50, 1000*row.stock.createP99, 1000*row.pre.createP50, 1000*row.pre.createP99,
 			bound, scaleVerdict(row))
 	}
@@ -194,6 +198,15 @@ func writeScaleSection(b *bytes.Buffer, r *Report) {
 	if f := r.Webhook; f != nil {
 		fmt.Fprintf(b, "\nThe webhook process, with the fleet and every run's machines in its caches, peaked at %.0f MiB RSS.\n", f.PeakRSSMiB)
 	}
+}
+
+// runOrder says in which order the modes ran, repetition by repetition.
+func runOrder(byRepeat map[int][]string) string {
+	var reps []string
+	for _, r := range slices.Sorted(maps.Keys(byRepeat)) {
+		reps = append(reps, strings.Join(byRepeat[r], " → "))
+	}
+	return strings.Join(reps, "; ")
 }
 
 // scaleVerdict names every target a scale scenario missed.

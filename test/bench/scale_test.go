@@ -67,7 +67,7 @@ func TestScaleSection(t *testing.T) {
 	}
 	var b bytes.Buffer
 	writeScaleSection(&b, report)
-	for _, want := range []string{"## At scale", "5000 Ready machines", "| default-limits | burst-spread | 1000 | 2 |", "98.0%", "misses: under 99% preallocated"} {
+	for _, want := range []string{"## At scale", "5000 Ready machines", "| default-limits | burst-spread | 1000 | 2 | stock → preallocated; preallocated → stock |", "98.0%", "misses: under 99% preallocated"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("section without %q:\n%s", want, b.String())
 		}

@@ -23,12 +23,15 @@ import (
 // A standing fleet is machines that were made Ready long ago, written directly as a restore from
 // backup writes them: the controllers that start on it find every object in place.
 
+// FleetNamespacePrefix begins the name of every namespace of a standing fleet.
+const FleetNamespacePrefix = "fleet-"
+
 // FleetNamespaces stores count namespaces named fleet-N, each with a Cluster, a ThreePoolTemplate
 // named workers and its three pools, and returns the templates as stored.
 func FleetNamespaces(ctx context.Context, c client.Client, count int) ([]*infrav1.Metal3DataTemplate, error) {
 	var templates []*infrav1.Metal3DataTemplate
 	for i := range count {
-		ns := fmt.Sprintf("fleet-%d", i)
+		ns := FleetNamespacePrefix + strconv.Itoa(i)
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			return nil, err
 		}
@@ -66,7 +69,9 @@ func WriteFleet(ctx context.Context, c client.Client, templates []*infrav1.Metal
 }
 
 // writeMachine stores one Ready machine: what CAPI and CAPM3 create, the Metal3Data with its
-// status, its two IPClaims answered by IPAddresses and its IPAddressClaim answered.
+// status, its two IPClaims answered by IPAddresses as the Metal3 IPAM leaves them (its finalizers
+// on both) and its IPAddressClaim answered; the in-cluster IPAM, once it runs, adds its finalizer
+// and IPAddress.
 // Its addresses are in its namespace's pools, which FleetNamespaces numbered by namespace.
 func writeMachine(ctx context.Context, c client.Client, m *fixtures.Machine, namespace, index int) error {
 	if err := CreateMachineObjects(ctx, c, m); err != nil {
@@ -95,7 +100,7 @@ func writeMachine(ctx context.Context, c client.Client, m *fixtures.Machine, nam
 	claim := &capipamv1.IPAddressClaim{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: allocation.ClaimName(data.Name, fixtures.ExternalPool), Namespace: data.Namespace,
-			Labels: data.Labels, OwnerReferences: []metav1.OwnerReference{owner},
+			Labels: data.Labels, OwnerReferences: []metav1.OwnerReference{owner}, Finalizers: []string{infrav1.DataFinalizer},
 		},
 		Spec: capipamv1.IPAddressClaimSpec{PoolRef: capipamv1.IPPoolReference{
 			APIGroup: fixtures.CAPIPoolGroup, Kind: fixtures.CAPIPoolKind, Name: fixtures.ExternalPool,
@@ -139,6 +144,7 @@ func writeIPClaim(ctx context.Context, c client.Client, data *infrav1.Metal3Data
 		ObjectMeta: metav1.ObjectMeta{
 			Name: allocation.ClaimName(data.Name, pool), Namespace: data.Namespace,
 			Labels: data.Labels, OwnerReferences: []metav1.OwnerReference{owner},
+			Finalizers: []string{infrav1.DataFinalizer, ipamv1.IPClaimFinalizer},
 		},
 		Spec: ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: pool, Namespace: data.Namespace}},
 	}
@@ -148,6 +154,7 @@ func writeIPClaim(ctx context.Context, c client.Client, data *infrav1.Metal3Data
 	address := &ipamv1.IPAddress{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: pool + "-" + strings.ReplaceAll(ip, ".", "-"), Namespace: data.Namespace, Labels: data.Labels,
+			Finalizers: []string{ipamv1.IPAddressFinalizer},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: ipamv1.GroupVersion.String(), Kind: "IPClaim", Name: claim.Name, UID: claim.UID, Controller: ptr.To(true),
 			}},
