@@ -103,7 +103,7 @@ func (a *Addresses) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		var kind, note string
 		switch {
 		case d.Step == lifecycle.ReleaseStrays:
-			kind, note = "stray", "Released an IPAddress of a deleted waiting IPClaim, which the IPAM would not free"
+			kind, note = "stray", "Released an IPAddress of a deleted waiting IPClaim, which the IPAM would not free (it frees one per claim, only from a claim it finalized, and only while the pool exists)"
 		case d.Step == lifecycle.ReleaseSurplus && address.Name != s.claim.Status.Address.Name:
 			kind, note = "surplus", "Released a second IPAddress the IPAM allocated for IPClaim "+s.claim.Name+", whose status names "+s.claim.Status.Address.Name
 		default:
@@ -159,6 +159,10 @@ func (a *Addresses) facts(ctx context.Context, address *metav1.PartialObjectMeta
 		return f, s, client.IgnoreNotFound(err)
 	}
 	f.ClaimFound, f.Deleting, f.IPAMFinalized = true, allocation.PhaseOf(cached) == allocation.Deleting, allocation.IPAMFinalized(cached)
+	if f.Deleting && !lifecycle.Strays(f.Addresses, f.IPAMFinalized, false) {
+		f.PoolGone, err = allocation.PoolGone(ctx, a.APIReader, address.Namespace, allocation.AddressPool(address))
+		return f, s, err
+	}
 	if f.Deleting || f.Addresses < 2 {
 		return f, s, nil
 	}

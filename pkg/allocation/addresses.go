@@ -30,6 +30,30 @@ func AddressClaimUID(address metav1.Object) types.UID {
 	return ""
 }
 
+// AddressPool is the name of the Metal3 IPPool owning a Metal3 IPAddress.
+func AddressPool(address metav1.Object) string {
+	for _, ref := range address.GetOwnerReferences() {
+		if ref.Kind == "IPPool" {
+			return ref.Name
+		}
+	}
+	return ""
+}
+
+// PoolGone tells, from a live read, whether the Metal3 IPPool is gone: the IPAM frees claims and
+// IPAddresses only from their pool's reconcile, so it frees none of its own any more.
+func PoolGone(ctx context.Context, r client.Reader, namespace, name string) (bool, error) {
+	pool := Metadata(ipamv1.GroupVersion.WithKind("IPPool"))
+	err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, pool)
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading IPPool %s/%s: %w", namespace, name, err)
+	}
+	return false, nil
+}
+
 // FieldManager tells, in managedFields, the webhook's claims from CAPM3's after the hand-over.
 const FieldManager = "ip-preallocator"
 
@@ -38,22 +62,6 @@ func CreatedHere(claim metav1.Object) bool {
 	return slices.ContainsFunc(claim.GetManagedFields(), func(f metav1.ManagedFieldsEntry) bool {
 		return f.Manager == FieldManager && f.FieldsV1 != nil && strings.Contains(string(f.FieldsV1.Raw), `"f:spec"`)
 	})
-}
-
-// ClaimAddresses lists, live, the Metal3 IPAM's IPAddresses made for claim, an IPClaim.
-func ClaimAddresses(ctx context.Context, r client.Reader, claim *metav1.PartialObjectMetadata) ([]metav1.PartialObjectMetadata, error) {
-	list := &metav1.PartialObjectMetadataList{}
-	list.SetGroupVersionKind(Metal3AddressListGVK)
-	if err := r.List(ctx, list, client.InNamespace(claim.Namespace)); err != nil {
-		return nil, fmt.Errorf("listing the IPAddresses of namespace %s: %w", claim.Namespace, err)
-	}
-	var stray []metav1.PartialObjectMetadata
-	for _, address := range list.Items {
-		if AddressClaimUID(&address) == claim.UID {
-			stray = append(stray, address)
-		}
-	}
-	return stray, nil
 }
 
 // ReleaseAddress releases, as the IPAM would, an IPAddress the IPAM never frees: one made for a claim

@@ -168,6 +168,13 @@ func Finish(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMet
 		waitingTests(claim.Annotations[PreallocatedForAnnotation], claim.Annotations[AdmissionAnnotation])...)
 }
 
+// FinishForIPAM removes CAPM3's finalizer and the IPAM's from a waiting claim being deleted whose
+// pool is gone: the IPAM would free it only from that pool's reconcile.
+func FinishForIPAM(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
+	return removeFinalizers(ctx, c, claim, []string{infrav1.DataFinalizer, ipamv1.IPClaimFinalizer},
+		waitingTests(claim.Annotations[PreallocatedForAnnotation], claim.Annotations[AdmissionAnnotation])...)
+}
+
 // FinishOrphan removes CAPM3's finalizer from a claim being deleted after its owner Metal3Data:
 // CAPM3 releases nothing for a Metal3Data deleted before its first reconcile.
 func FinishOrphan(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata, owner types.UID) (bool, error) {
@@ -181,21 +188,29 @@ func FinishOrphan(ctx context.Context, c client.Writer, claim *metav1.PartialObj
 // removeDataFinalizer removes CAPM3's finalizer under tests and the claim's UID; a claim without
 // it counts as finished when finished says so.
 func removeDataFinalizer(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata, finished bool, tests ...jsonpatch.Operation) (bool, error) {
-	i := slices.Index(claim.Finalizers, infrav1.DataFinalizer)
-	if i < 0 {
+	if !slices.Contains(claim.Finalizers, infrav1.DataFinalizer) {
 		return finished, nil
 	}
-	path := fmt.Sprintf("/metadata/finalizers/%d", i)
-	err := patch(ctx, c, claim.GroupVersionKind(), claim.Namespace, claim.Name, append(tests,
-		jsonpatch.NewOperation("test", "/metadata/uid", claim.UID),
-		jsonpatch.NewOperation("test", path, infrav1.DataFinalizer),
-		jsonpatch.NewOperation("remove", path, nil),
-	))
+	return removeFinalizers(ctx, c, claim, []string{infrav1.DataFinalizer}, tests...)
+}
+
+// removeFinalizers removes those of the finalizers the claim has, each tested at its index, under
+// tests and the claim's UID; a failed test or a claim gone is no error, and no removal.
+func removeFinalizers(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata, finalizers []string, tests ...jsonpatch.Operation) (bool, error) {
+	ops := append(tests, jsonpatch.NewOperation("test", "/metadata/uid", claim.UID))
+	// From the last index down, so that each removal leaves the others' indices as read.
+	for i := len(claim.Finalizers) - 1; i >= 0; i-- {
+		if slices.Contains(finalizers, claim.Finalizers[i]) {
+			path := fmt.Sprintf("/metadata/finalizers/%d", i)
+			ops = append(ops, jsonpatch.NewOperation("test", path, claim.Finalizers[i]), jsonpatch.NewOperation("remove", path, nil))
+		}
+	}
+	err := patch(ctx, c, claim.GroupVersionKind(), claim.Namespace, claim.Name, ops)
 	if IsTestFailure(err) || apierrors.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("removing CAPM3's finalizer from %s %s/%s: %w", claim.Kind, claim.Namespace, claim.Name, err)
+		return false, fmt.Errorf("removing finalizers %v from %s %s/%s: %w", finalizers, claim.Kind, claim.Namespace, claim.Name, err)
 	}
 	return true, nil
 }

@@ -113,7 +113,8 @@ func wait[S ~int](after time.Duration, why string) Decision[S] {
 }
 
 // Strays tells whether the IPAddresses of a waiting IPClaim someone deleted are the webhook's to
-// release: the IPAM frees one IPAddress per claim, by name, and only from a claim it finalized.
-func Strays(addresses int, ipamFinalized bool) bool {
-	return addresses > 1 || addresses == 1 && !ipamFinalized
+// release: the IPAM frees one IPAddress per claim, by name, only from a claim it finalized, and only
+// from its pool's reconcile, which a gone pool no longer has.
+func Strays(addresses int, ipamFinalized, poolGone bool) bool {
+	return addresses > 1 || addresses == 1 && (!ipamFinalized || poolGone)
 }

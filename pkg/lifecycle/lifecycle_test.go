@@ -100,6 +100,9 @@ func TestDecideFinish(t *testing.T) {
 			Decision[FinishStep]{After: s, Why: "Keeping CAPM3's finalizer on a deleted waiting claim while the IPAM allocates in its pool"}},
 		{"pool busy past the hold", FinishFacts{IPClaim: true, SinceDeleted: hold, PoolBusy: true}, finish},
 		{"nothing left: nobody else removes CAPM3's finalizer", FinishFacts{IPClaim: true, SinceDeleted: 20 * s}, finish},
+		{"pool gone: no IPAM pass will free it", FinishFacts{IPClaim: true, SinceDeleted: 0, PoolGone: true, PoolBusy: true}, Decision[FinishStep]{Step: FinishForIPAM}},
+		{"pool gone, strays left", FinishFacts{IPClaim: true, SinceDeleted: 20 * s, PoolGone: true, Strays: true},
+			Decision[FinishStep]{After: s, Why: "Keeping a deleted claim until its stray IPAddresses are released"}},
 	} {
 		if got := DecideFinish(tc.f, hold); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
@@ -124,6 +127,7 @@ func TestDecideAddresses(t *testing.T) {
 		{"deleted waiting claim, two: the IPAM frees one", AddressFacts{ClaimFound: true, Deleting: true, Addresses: 2, IPAMFinalized: true}, Decision[AddressStep]{Step: ReleaseStrays}},
 		{"deleted waiting claim, one, never finalized: the IPAM frees none", AddressFacts{ClaimFound: true, Deleting: true, Addresses: 1}, Decision[AddressStep]{Step: ReleaseStrays}},
 		{"deleted waiting claim, one, finalized: the IPAM's", AddressFacts{ClaimFound: true, Deleting: true, Addresses: 1, IPAMFinalized: true}, leave},
+		{"deleted waiting claim, one, finalized, pool gone: the IPAM frees none", AddressFacts{ClaimFound: true, Deleting: true, Addresses: 1, IPAMFinalized: true, PoolGone: true}, Decision[AddressStep]{Step: ReleaseStrays}},
 		{"one address", AddressFacts{ClaimFound: true, Addresses: 1, CreatedHere: true, Answered: true}, leave},
 		{"two, the youngest may be unwritten in the status", AddressFacts{ClaimFound: true, Addresses: 2, Youngest: 4 * s}, Decision[AddressStep]{After: 6 * s}},
 		{"two, of stock CAPM3's claim", AddressFacts{ClaimFound: true, Addresses: 2, Youngest: time.Hour}, leave},

@@ -77,6 +77,8 @@ const (
 	Linger FinishStep = iota
 	// Finish removes CAPM3's finalizer.
 	Finish
+	// FinishForIPAM removes CAPM3's finalizer and the IPAM's.
+	FinishForIPAM
 )
 
 // FinishFacts are what the finish of a waiting claim someone deleted depends on.
@@ -89,6 +91,8 @@ type FinishFacts struct {
 	Strays bool
 	// PoolBusy: another claim of its pool waits for the IPAM's answer.
 	PoolBusy bool
+	// PoolGone: the claim's IPPool no longer exists, and it still has the IPAM's finalizer.
+	PoolGone bool
 }
 
 // DecideFinish is the leader's decision on a waiting claim being deleted (release, namespace or person).
@@ -97,6 +101,10 @@ func DecideFinish(f FinishFacts, hold time.Duration) Decision[FinishStep] {
 	case f.IPClaim && f.Strays:
 		// Gone before its strays, the claim would leave them held by the IPAM's finalizer.
 		return wait[FinishStep](clock.StrayRecheck, "Keeping a deleted claim until its stray IPAddresses are released")
+	case f.IPClaim && f.PoolGone:
+		// The IPAM frees a claim only from its pool's reconcile: no pass will come, and the claim
+		// would hold its namespace's deletion for ever.
+		return Decision[FinishStep]{Step: FinishForIPAM}
 	case f.IPClaim && f.SinceDeleted < clock.StrayWait:
 		// An IPAM pass that listed the claim before the deletion may still create its IPAddress.
 		return wait[FinishStep](min(clock.StrayWait, clock.StrayWait-f.SinceDeleted), "")
@@ -135,8 +143,9 @@ type AddressFacts struct {
 	// Addresses counts those not being deleted; Youngest is the age of the youngest.
 	Addresses int
 	Youngest  time.Duration
-	// ClaimFound: the IPClaim of that UID exists; Deleting: it is a waiting claim being deleted.
-	ClaimFound, Deleting bool
+	// ClaimFound: the IPClaim of that UID exists; Deleting: it is a waiting claim being deleted;
+	// PoolGone: its IPPool no longer exists.
+	ClaimFound, Deleting, PoolGone bool
 	// IPAMFinalized: the IPAM has put its finalizer on the claim.
 	IPAMFinalized bool
 	// The rest is read live, for a claim not being deleted with two IPAddresses or more:
@@ -150,8 +159,9 @@ func DecideAddresses(f AddressFacts) Decision[AddressStep] {
 	switch {
 	case !f.ClaimFound:
 		return Decision[AddressStep]{}
-	case f.Deleting && Strays(f.Addresses, f.IPAMFinalized):
-		// The IPAM frees one IPAddress per claim, by name, and only from a claim it finalized.
+	case f.Deleting && Strays(f.Addresses, f.IPAMFinalized, f.PoolGone):
+		// The IPAM frees one IPAddress per claim, by name, only from a claim it finalized, and only
+		// from its pool's reconcile.
 		return Decision[AddressStep]{Step: ReleaseStrays}
 	case f.Deleting, f.Addresses < 2:
 		return Decision[AddressStep]{}

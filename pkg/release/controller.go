@@ -38,7 +38,7 @@ var (
 	}, []string{"kind"})
 	finalizersRemovedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_capm3_finalizers_removed_total",
-		Help: "CAPM3 finalizers the webhook removed from claims CAPM3 would never release, by claim kind and case (deleted-waiting: deleted before its Metal3Data was stored; orphan: its Metal3Data deleted before CAPM3's first reconcile).",
+		Help: "CAPM3 finalizers the webhook removed from claims CAPM3 would never release, by claim kind and case (deleted-waiting: deleted before its Metal3Data was stored; pool-gone: that, and its IPPool gone, the IPAM's finalizer removed too; orphan: its Metal3Data deleted before CAPM3's first reconcile).",
 	}, []string{"kind", "case"})
 )
 

@@ -108,23 +108,50 @@ func (r *Release) reconcileDeleting(ctx context.Context, claim *metav1.PartialOb
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		f.Strays = lifecycle.Strays(len(addresses), allocation.IPAMFinalized(claim))
+		if f.PoolGone, err = r.poolGone(ctx, claim); err != nil {
+			return ctrl.Result{}, err
+		}
+		f.Strays = lifecycle.Strays(len(addresses), allocation.IPAMFinalized(claim), f.PoolGone)
 		if f.PoolBusy, err = r.poolBusy(ctx, claim); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
 	d := lifecycle.DecideFinish(f, r.HoldLimit)
-	if d.Step != lifecycle.Finish {
-		if d.Why != "" {
-			log.FromContext(ctx).V(1).Info(d.Why, r.ClaimGVK.Kind, klog.KObj(claim))
+	switch d.Step {
+	case lifecycle.Finish:
+		removed, err := allocation.Finish(ctx, r.Client, claim)
+		if removed && slices.Contains(claim.Finalizers, infrav1.DataFinalizer) {
+			r.finalizerRemoved(ctx, claim, "deleted-waiting", "Removed CAPM3's finalizer from a waiting claim being deleted: no Metal3Data will release it")
 		}
-		return ctrl.Result{RequeueAfter: d.After}, nil
+		return ctrl.Result{}, err
+	case lifecycle.FinishForIPAM:
+		removed, err := allocation.FinishForIPAM(ctx, r.Client, claim)
+		if removed {
+			r.finalizerRemoved(ctx, claim, "pool-gone", "Removed CAPM3's and the IPAM's finalizers from a waiting claim being deleted: its IPPool is gone, and the IPAM frees claims only from their pool")
+		}
+		return ctrl.Result{}, err
 	}
-	removed, err := allocation.Finish(ctx, r.Client, claim)
-	if removed && slices.Contains(claim.Finalizers, infrav1.DataFinalizer) {
-		r.finalizerRemoved(ctx, claim, "deleted-waiting", "Removed CAPM3's finalizer from a waiting claim being deleted: no Metal3Data will release it")
+	if d.Why != "" {
+		log.FromContext(ctx).V(1).Info(d.Why, r.ClaimGVK.Kind, klog.KObj(claim))
 	}
-	return ctrl.Result{}, err
+	return ctrl.Result{RequeueAfter: d.After}, nil
+}
+
+// poolGone tells, for a deleted IPClaim that still has the IPAM's finalizer, whether its pool is
+// gone: read live, since a pool's deletion is no event of the claim.
+func (r *Release) poolGone(ctx context.Context, claim *metav1.PartialObjectMetadata) (bool, error) {
+	if !slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer) {
+		return false, nil
+	}
+	whole := &ipamv1.IPClaim{}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(claim), whole); err != nil {
+		return false, client.IgnoreNotFound(fmt.Errorf("reading IPClaim %s/%s: %w", claim.Namespace, claim.Name, err))
+	}
+	namespace := whole.Spec.Pool.Namespace
+	if namespace == "" {
+		namespace = claim.Namespace
+	}
+	return allocation.PoolGone(ctx, r.APIReader, namespace, whole.Spec.Pool.Name)
 }
 
 // finalizerRemoved tells of a removal of CAPM3's finalizer, which CAPM3 would otherwise remove.

@@ -195,7 +195,7 @@ func TestRelease(t *testing.T) {
 		// address, stays while the pool is busy, within the hold limit.
 		deleted := answered.DeepCopy()
 		deleted.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-time.Minute)}
-		deletedBusy := controllertest.IndexedClient(interceptor.Funcs{}, deleted, other("tmpl-5-a", "provisioning"))
+		deletedBusy := controllertest.IndexedClient(interceptor.Funcs{}, deleted, other("tmpl-5-a", "provisioning"), ipPool("provisioning"))
 		r = newRelease(deletedBusy, deletedBusy, 0)
 		r.HoldLimit = time.Hour
 		if res, err := settle(r, req); err != nil || res.RequeueAfter != clock.PoolRecheck || !slices.Contains(finalizersOf(t, deletedBusy), infrav1.DataFinalizer) {
@@ -251,8 +251,9 @@ func TestRelease(t *testing.T) {
 	t.Run("with the IPAM's finalizer on it, once no pass may allocate for it: the IPAM frees the address only after", func(t *testing.T) {
 		withIPAM := controllertest.WaitingClaim("tmpl-0-a", "t1")
 		withIPAM.Finalizers = append(withIPAM.Finalizers, "ipclaim.ipam.metal3.io")
+		withIPAM.Spec.Pool.Name = "provisioning"
 		withIPAM.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-clock.StrayWait)}
-		c := controllertest.IndexedClient(interceptor.Funcs{}, withIPAM)
+		c := controllertest.IndexedClient(interceptor.Funcs{}, withIPAM.DeepCopy(), ipPool("provisioning"))
 		r := newRelease(c, c, time.Hour)
 		if _, err := settle(r, req); err != nil {
 			t.Fatal(err)
@@ -260,6 +261,17 @@ func TestRelease(t *testing.T) {
 		got := &ipamv1.IPClaim{}
 		if err := c.Get(ctx, req.NamespacedName, got); err != nil || !slices.Equal(got.Finalizers, []string{"ipclaim.ipam.metal3.io"}) {
 			t.Fatalf("finalizers %v, %v", got.Finalizers, err)
+		}
+
+		// Its pool gone, no IPAM pass will free it: both finalizers go, at once.
+		withIPAM.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		c = controllertest.IndexedClient(interceptor.Funcs{}, withIPAM.DeepCopy())
+		r = newRelease(c, c, time.Hour)
+		if _, err := settle(r, req); err != nil || exists(c) {
+			t.Fatalf("pool gone: err=%v exists=%v", err, exists(c))
+		}
+		if got := reasons(r.Recorder.(*events.FakeRecorder)); !slices.Equal(got, []string{"CAPM3FinalizerRemoved"}) {
+			t.Errorf("Events %v, want one CAPM3FinalizerRemoved", got)
 		}
 	})
 	t.Run("a waiting claim being deleted loses CAPM3's finalizer", func(t *testing.T) {
@@ -395,4 +407,9 @@ func TestOrphanFinished(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ipPool is the Metal3 IPPool of that name in the claims' namespace.
+func ipPool(name string) *ipamv1.IPPool {
+	return &ipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}}
 }

@@ -513,6 +513,59 @@ func TestStrayAddressOfDeletedWaitingClaimIsReleased(t *testing.T) {
 	})
 }
 
+// TestWaitingClaimOfGonePoolIsFinished: a waiting IPClaim the IPAM answered is deleted after its
+// IPPool went (a namespace's deletion takes both in any order). The IPAM frees a claim and its
+// IPAddress only from their pool's reconcile, so the webhook releases the IPAddress and removes
+// both finalizers from the claim: kept, they would hold the namespace's deletion for ever.
+func TestWaitingClaimOfGonePoolIsFinished(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t, "gone-pool")
+	m := machines(t, ns, 1)[0]
+	claim := waitingClaim(t, m, "gone-pool-admission")
+	claim.Finalizers = append(claim.Finalizers, ipamv1.IPClaimFinalizer)
+	if err := cp.Client.Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	pool := fixtures.Metal3Pool(fixtures.ProvisioningPool, "192.168")
+	pool.SetNamespace(ns)
+	if err := cp.Client.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	address := &ipamv1.IPAddress{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: fixtures.ProvisioningPool + "-192-168-0-11", Namespace: ns,
+			Finalizers: []string{ipamv1.IPAddressFinalizer},
+			OwnerReferences: []metav1.OwnerReference{
+				{APIVersion: ipamv1.GroupVersion.String(), Kind: "IPPool", Name: pool.GetName(), UID: pool.GetUID()},
+				{APIVersion: ipamv1.GroupVersion.String(), Kind: "IPClaim", Name: claim.Name, UID: claim.UID},
+			},
+		},
+		Spec: ipamv1.IPAddressSpec{
+			Address: "192.168.0.11",
+			Pool:    corev1.ObjectReference{Name: pool.GetName(), Namespace: ns},
+			Claim:   corev1.ObjectReference{Name: claim.Name, Namespace: ns},
+		},
+	}
+	if err := cp.Client.Create(ctx, address); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Client.Delete(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Client.Delete(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 20*time.Second, func() error {
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(address), address); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("IPAddress still there (%v): finalizers %v", err, address.Finalizers)
+		}
+		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("claim still there (%v): finalizers %v", err, claim.Finalizers)
+		}
+		return nil
+	})
+}
+
 // readyData stores a Metal3Data whose status says CAPM3 rendered it.
 func readyData(t *testing.T, ns string) *infrav1.Metal3Data {
 	t.Helper()
