@@ -29,6 +29,8 @@ type namedCount struct {
 	name     string
 	n        int64
 	evidence []string
+	// capacity is the most n could have been; 0: nothing bounds it.
+	capacity int64
 }
 
 const maxEvidence = 12
@@ -397,7 +399,7 @@ func sleepUntil(ctx context.Context, t time.Time) {
 // Metal3Data already takes CAPM3, at its 20 requests a second, a good part of it, and several at
 // once add up.
 func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
-	late := namedCount{name: invNamespaces}
+	late := namedCount{name: invNamespaces, capacity: int64(len(sc.namespaces))}
 	type result struct {
 		ns        string
 		took      time.Duration
