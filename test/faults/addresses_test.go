@@ -54,17 +54,17 @@ func ownerUID(obj client.Object, kind string) types.UID {
 	return ""
 }
 
-// addressViolations counts, in one namespace, the IPAddresses whose claim is gone and the
-// addresses allocated twice. Everything is keyed by claim UID, not name: a claim re-created under
+// addressViolations counts, in one namespace, the IPAddresses whose claim is gone, the claims
+// holding a second IPAddress and the addresses given to two claims. Everything is keyed by claim UID, not name: a claim re-created under
 // the name of one that is gone is another claim, and the Metal3 IPAM names an IPAddress after its
 // value, so two claims can share one IPAddress object.
 //   - orphan: an IPAddress whose owner reference names no live claim (or was removed because its
 //     claim is gone);
-//   - twice: a claim UID held by two IPAddresses; an address value held for two claim UIDs (by
-//     their IPAddresses' owners, or by what the claims' status points at); a claim whose status
-//     points at an IPAddress held for another claim; an address rendered into the Secrets of two
-//     Metal3Data.
-func addressViolations(ns string, s *namespaceState, claims map[string]*claim, orphans, double *namedCount) {
+//   - leaked: a claim UID held by two IPAddresses, one of them an address nobody uses;
+//   - twice: an address value held for two claim UIDs (by their IPAddresses' owners, or by what
+//     the claims' status points at); a claim whose status points at an IPAddress held for another
+//     claim; an address rendered into the Secrets of two Metal3Data.
+func addressViolations(ns string, s *namespaceState, claims map[string]*claim, orphans, leaked, double *namedCount) {
 	live := map[types.UID]*claim{}
 	for _, cl := range claims {
 		live[cl.obj.GetUID()] = cl
@@ -108,7 +108,7 @@ func addressViolations(ns string, s *namespaceState, claims map[string]*claim, o
 	for uid, names := range byClaimUID {
 		if len(names) > 1 {
 			sort.Strings(names)
-			double.addf("%s: %s %s (uid %s) is held by IPAddresses %v", ns, live[uid].kind, live[uid].obj.GetName(), uidTail(uid), names)
+			leaked.addf("%s: %s %s (uid %s) is held by IPAddresses %v", ns, live[uid].kind, live[uid].obj.GetName(), uidTail(uid), names)
 		}
 	}
 	for _, key := range sortedKeys(holders) {

@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,10 +57,10 @@ func rendered(ips ...string) corev1.Secret {
 
 func TestCheckAddressViolations(t *testing.T) {
 	for _, tc := range []struct {
-		name                string
-		state               namespaceState
-		wantOrphans, wantDo int64
-		wantEvidence        string
+		name                            string
+		state                           namespaceState
+		wantOrphans, wantLeaked, wantDo int64
+		wantEvidence                    string
 	}{{
 		name: "each claim its own address, rendered once",
 		state: namespaceState{
@@ -88,7 +89,7 @@ func TestCheckAddressViolations(t *testing.T) {
 			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "ua", "172.16.0.10")},
 			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua"), testAddress("172.16.0.11", "a-provisioning", "ua")},
 		},
-		wantDo: 1, wantEvidence: "is held by IPAddresses",
+		wantLeaked: 1, wantEvidence: "is held by IPAddresses",
 	}, {
 		name: "one address in the status of two claims",
 		state: namespaceState{
@@ -117,12 +118,13 @@ func TestCheckAddressViolations(t *testing.T) {
 		wantDo: 1, wantEvidence: "is rendered for Metal3Data [a b]",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			orphans, double := namedCount{name: invOrphanAddress}, namedCount{name: invDoubleAllocation}
-			addressViolations("ns", &tc.state, tc.state.claims(), &orphans, &double)
-			if orphans.n != tc.wantOrphans || double.n != tc.wantDo {
-				t.Errorf("orphans %d, twice %d; want %d and %d\norphans: %v\ntwice: %v", orphans.n, double.n, tc.wantOrphans, tc.wantDo, orphans.evidence, double.evidence)
+			orphans, leaked, double := namedCount{name: invOrphanAddress}, namedCount{name: invLeakedAddress}, namedCount{name: invDoubleAllocation}
+			addressViolations("ns", &tc.state, tc.state.claims(), &orphans, &leaked, &double)
+			if orphans.n != tc.wantOrphans || leaked.n != tc.wantLeaked || double.n != tc.wantDo {
+				t.Errorf("orphans %d, leaked %d, twice %d; want %d, %d and %d\norphans: %v\nleaked: %v\ntwice: %v", orphans.n, leaked.n, double.n,
+					tc.wantOrphans, tc.wantLeaked, tc.wantDo, orphans.evidence, leaked.evidence, double.evidence)
 			}
-			all := strings.Join(append(orphans.evidence, double.evidence...), "\n")
+			all := strings.Join(slices.Concat(orphans.evidence, leaked.evidence, double.evidence), "\n")
 			if !strings.Contains(all, tc.wantEvidence) {
 				t.Errorf("evidence does not say %q:\n%s", tc.wantEvidence, all)
 			}

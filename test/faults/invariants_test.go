@@ -48,10 +48,12 @@ const (
 	invNoOwner          = "claims without an owner"
 	invTerminating      = "claims Terminating"
 	invOrphanAddress    = "IPAddresses whose claim is gone"
-	invDoubleAllocation = "addresses allocated twice"
+	invLeakedAddress    = "claims holding a second IPAddress"
+	invDoubleAllocation = "addresses given to two claims"
 	invCAPM3Claims      = "claims created by CAPM3 while the webhook was up"
 	invUnanswered       = "admissions the webhook did not answer, no fault injected"
-	invNamespaces       = "namespaces not deleted within 30 s"
+	invNamespaces       = "namespaces gone only after 30 s"
+	invNamespacesStuck  = "namespaces not gone in 120 s"
 )
 
 // checkResult is one evaluation of the invariants over a scenario's namespaces.
@@ -177,6 +179,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 	noOwner := namedCount{name: invNoOwner}
 	terminating := namedCount{name: invTerminating}
 	orphans := namedCount{name: invOrphanAddress}
+	leaked := namedCount{name: invLeakedAddress}
 	double := namedCount{name: invDoubleAllocation}
 	capm3Up := namedCount{name: invCAPM3Claims}
 	capm3Recorded := namedCount{name: "of the claims CAPM3 created while the webhook was up: recorded by the webhook"}
@@ -226,7 +229,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 				noOwner.addf("%s %s", cl.kind, describe(cl.obj))
 			}
 		}
-		addressViolations(ns, s, claims, &orphans, &double)
+		addressViolations(ns, s, claims, &orphans, &leaked, &double)
 	}
 
 	byUID := map[types.UID]admission{}
@@ -269,7 +272,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 		}
 	}
 	return checkResult{
-		counts: []namedCount{notReady, noOwner, terminating, orphans, double, capm3Up, unanswered},
+		counts: []namedCount{notReady, noOwner, terminating, orphans, leaked, double, capm3Up, unanswered},
 		info:   []namedCount{capm3Recorded, capm3Warned, capm3Down, unansweredInfo},
 	}, nil
 }
@@ -393,13 +396,14 @@ func sleepUntil(ctx context.Context, t time.Time) {
 }
 
 // deleteNamespaces deletes the scenario's namespaces that still exist, one after another, and
-// counts those not gone within namespaceDeadline; for those it reports what the namespace
-// controller says is left, and waits a while longer to tell slow from stuck. One at a time, as
+// counts those gone only after namespaceDeadline (slow) apart from those not gone within
+// namespaceStuck (stuck); for both it reports what the namespace controller says is left. One at a time, as
 // the deadline is for what ip-preallocator could hold up: deleting a namespace of a few dozen
 // Metal3Data already takes CAPM3, at its 20 requests a second, a good part of it, and several at
 // once add up.
-func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
-	late := namedCount{name: invNamespaces, capacity: int64(len(sc.namespaces))}
+func (sc *scenario) deleteNamespaces(ctx context.Context) (slow, stuck namedCount) {
+	slow = namedCount{name: invNamespaces, capacity: int64(len(sc.namespaces))}
+	stuck = namedCount{name: invNamespacesStuck, capacity: int64(len(sc.namespaces))}
 	type result struct {
 		ns        string
 		took      time.Duration
@@ -423,36 +427,27 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) namedCount {
 			err := waitGone(ctx, obj, namespaceDeadline-time.Since(start))
 			remaining := ""
 			if err != nil {
-				// What the namespace controller waits for at the deadline; then a while longer,
-				// to tell slow from stuck.
+				// What the namespace controller waits for at the deadline; then until namespaceStuck.
 				remaining = namespaceConditions(ctx, ns) + namespaceLeft(ctx, ns)
-				err = waitGone(ctx, obj, namespaceDeadline+30*time.Second-time.Since(start))
+				err = waitGone(ctx, obj, namespaceStuck-time.Since(start))
 			}
 			results <- result{ns: ns, took: time.Since(start), err: err, remaining: remaining}
 		}()
 	}
 	var longest time.Duration
-	slow, stuck := 0, 0
 	for range sc.namespaces {
 		r := <-results
 		longest = max(longest, r.took)
 		switch {
 		case r.err != nil:
-			stuck++
+			stuck.addf("namespace %s: %s; at %v%s", r.ns, r.err, namespaceDeadline, r.remaining)
 		case r.took > namespaceDeadline:
-			slow++
-		}
-		if r.err != nil || r.took > namespaceDeadline {
-			status := "gone"
-			if r.err != nil {
-				status = r.err.Error()
-			}
-			late.addf("namespace %s: %v after deletion: %s; at %v%s", r.ns, r.took.Round(100*time.Millisecond), status, namespaceDeadline, r.remaining)
+			slow.addf("namespace %s: gone %v after deletion; at %v%s", r.ns, r.took.Round(100*time.Millisecond), namespaceDeadline, r.remaining)
 		}
 	}
-	sc.figuref("%d namespaces deleted, the slowest in %v; %d gone only after %v, %d still there %v later",
-		len(sc.namespaces), longest.Round(100*time.Millisecond), slow, namespaceDeadline, stuck, 30*time.Second)
-	return late
+	sc.figuref("%d namespaces deleted, the slowest in %v; %d gone only after %v, %d not gone in %v",
+		len(sc.namespaces), longest.Round(100*time.Millisecond), slow.n, namespaceDeadline, stuck.n, namespaceStuck)
+	return slow, stuck
 }
 
 func namespaceConditions(ctx context.Context, ns string) string {

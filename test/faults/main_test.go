@@ -33,6 +33,9 @@ const settleMax = 5 * time.Minute
 // namespaceDeadline is how long a deleted namespace may take to disappear.
 const namespaceDeadline = 30 * time.Second
 
+// namespaceStuck is when a namespace not gone counts as stuck rather than slow.
+const namespaceStuck = 120 * time.Second
+
 var (
 	cp *harness.ControlPlane
 	// capm3 counts what CAPM3 did; the suite reads claim creators from the claims themselves.
