@@ -220,6 +220,15 @@ func chooseSizes() sizes {
 	return s
 }
 
+// runSeed seeds every scenario's random choices: FAULTS_SEED, or else the clock. The page prints
+// it; FAULTS_SEED=<it> repeats the run's choices.
+var runSeed = func() uint64 {
+	if n, err := strconv.ParseUint(os.Getenv("FAULTS_SEED"), 10, 64); err == nil {
+		return n
+	}
+	return uint64(time.Now().UnixNano())
+}()
+
 // correctedIPAM is FAULTS_IPAM=corrected: the Metal3 IPAM's place is taken by the corrected test
 // double of stack.Options' CorrectedIPAM, which the report names.
 func correctedIPAM() bool { return os.Getenv("FAULTS_IPAM") == "corrected" }

@@ -39,6 +39,8 @@ type scenarioResult struct {
 }
 
 type trialCounts struct {
+	// load is the machine's load average (1 min) when the trial started and after its stream.
+	load   string
 	stored int
 	counts map[string]int64
 	// capacity is, per count, the most the trial could have had; absent: nothing bounds it.
@@ -99,7 +101,7 @@ func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount,
 	sumInto(&res.faults, sc.faults)
 	sumInto(&res.counts, counts)
 	sumInto(&res.info, info)
-	trial := trialCounts{counts: map[string]int64{}, capacity: map[string]int64{}}
+	trial := trialCounts{counts: map[string]int64{}, capacity: map[string]int64{}, load: sc.load}
 	for _, a := range sc.admissions {
 		res.attempts++
 		if a.err == nil {
@@ -198,6 +200,9 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 		p("")
 	}
 	p("## How it was measured")
+	p("")
+	p("Every random choice of the run follows from its seed, %d (`FAULTS_SEED=%d` repeats them); a", runSeed, runSeed)
+	p("scenario's trial and its baseline's make the same choices.")
 	p("")
 	p("The suite runs etcd, kube-apiserver and")
 	p("kube-controller-manager (garbage collector and namespace controller), CAPM3 v1.13.2's Metal3Data")
@@ -558,7 +563,7 @@ func (r *suiteReport) failuresAgainstStock(name string) []string {
 // perTrialTable gives each trial's counts, their sum, and the upper bound of each per stored
 // Metal3Data over all trials.
 func perTrialTable(res *scenarioResult, names []string) []string {
-	header, rule := "| trial | Metal3Data stored |", "|---|---:|"
+	header, rule := "| trial | load (1 min), start → after the stream | Metal3Data stored |", "|---|---|---:|"
 	for _, n := range names {
 		header += " " + n + " |"
 		rule += "---:|"
@@ -567,7 +572,7 @@ func perTrialTable(res *scenarioResult, names []string) []string {
 	stored := 0
 	sums := map[string]int64{}
 	for i, tr := range res.perTrial {
-		row := fmt.Sprintf("| %d | %d |", i+1, tr.stored)
+		row := fmt.Sprintf("| %d | %s | %d |", i+1, tr.load, tr.stored)
 		stored += tr.stored
 		for _, n := range names {
 			row += fmt.Sprintf(" %d |", tr.counts[n])
@@ -575,8 +580,8 @@ func perTrialTable(res *scenarioResult, names []string) []string {
 		}
 		lines = append(lines, row)
 	}
-	all := fmt.Sprintf("| all | %d |", stored)
-	bound := "| 95% upper bound per Metal3Data | |"
+	all := fmt.Sprintf("| all | | %d |", stored)
+	bound := "| 95% upper bound per Metal3Data | | |"
 	for _, n := range names {
 		all += fmt.Sprintf(" %d |", sums[n])
 		bound += fmt.Sprintf(" %.4f |", upperBoundPerData(sums[n], stored))

@@ -74,7 +74,7 @@ func TestFaults(t *testing.T) {
 					started := time.Now()
 					load := loadAverage()
 					s.run(ctx, sc)
-					sc.figuref("load average (1 min) of the machine: %s at the start, %s after the stream", load, loadAverage())
+					sc.load = load + " → " + loadAverage()
 					sc.finish(ctx, s.title, started)
 				}
 			}

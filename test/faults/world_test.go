@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -54,14 +55,21 @@ type scenario struct {
 	// compared: in the webhook's trial of a scenario that has a stock baseline, the counts held to
 	// stock's bound, not to 0.
 	compared []string
+	// load is the machine's load average (1 min) at the trial's start and after its stream.
+	load string
 	// lastActivity is when the scenario last created, deleted or faulted anything; the checks
 	// run after the grace period counted from there.
 	lastActivity time.Time
 }
 
-func newScenario(t *testing.T, name string, seed uint64) *scenario {
+// newScenario starts a trial of a scenario. Its random choices follow from the run's seed, the
+// scenario's name and the trial, so that a run can be repeated; an arm and its baseline get the
+// same stream.
+func newScenario(t *testing.T, name string, trial uint64) *scenario {
 	t.Helper()
-	return &scenario{t: t, name: name, rng: rand.New(rand.NewPCG(seed, uint64(time.Now().UnixNano())))}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(strings.TrimSuffix(name, "-stock")))
+	return &scenario{t: t, name: name, rng: rand.New(rand.NewPCG(runSeed^h.Sum64(), trial))}
 }
 
 // random returns a duration uniformly in [lo, hi).
