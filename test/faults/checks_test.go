@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -337,6 +338,11 @@ func TestCheckReportOpensWithWhatItMeans(t *testing.T) {
 		t.Fatal(err)
 	}
 	page := string(data)
+	var e evidence
+	if data, err := os.ReadFile(strings.TrimSuffix(path, ".md") + ".json"); err != nil || json.Unmarshal(data, &e) != nil ||
+		e.Seed != runSeed || len(e.Trials) != 2 || !e.Trials[1].Stock || e.Trials[1].Counts[invOrphanAddress] != 4 {
+		t.Errorf("the evidence beside the page: %+v, %v", e, err)
+	}
 	order := []string{"## What it means", "| with the webhook (every scenario) | 100 | 0 | 0 | 1 | 0 | 0 |",
 		"| stock CAPM3 and IPAM alone (the baselines) | 90 | 0 | 0 | 4 | 0 | 0 |", "## Known problems", "## How it was measured", "## namespaces"}
 	at := 0

@@ -3,6 +3,7 @@ package faults
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -329,7 +330,43 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(path, b.Bytes(), 0o644)
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		return err
+	}
+	return r.writeEvidence(strings.TrimSuffix(path, filepath.Ext(path))+".json", s)
+}
+
+// evidence is what the JSON file beside the page holds: each trial of each arm, with its counts,
+// so that every verdict on the page can be computed again.
+type evidence struct {
+	Seed   uint64          `json:"seed"`
+	Sizes  string          `json:"sizes"`
+	Trials []trialEvidence `json:"trials"`
+}
+
+type trialEvidence struct {
+	Scenario string           `json:"scenario"`
+	Stock    bool             `json:"stock"`
+	Trial    int              `json:"trial"`
+	Load     string           `json:"load"`
+	Stored   int              `json:"stored"`
+	Counts   map[string]int64 `json:"counts"`
+	Capacity map[string]int64 `json:"capacity,omitempty"`
+}
+
+func (r *suiteReport) writeEvidence(path string, s sizes) error {
+	e := evidence{Seed: runSeed, Sizes: s.name}
+	for _, res := range r.results {
+		for i, tr := range res.perTrial {
+			e.Trials = append(e.Trials, trialEvidence{Scenario: strings.TrimSuffix(res.name, "-stock"), Stock: res.control, Trial: i + 1,
+				Load: tr.load, Stored: tr.stored, Counts: tr.counts, Capacity: tr.capacity})
+		}
+	}
+	data, err := json.MarshalIndent(e, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
 }
 
 // comparedToStock are the counts that stock CAPM3 and the IPAM show under churn on their own: with
@@ -366,20 +403,27 @@ func aboveStock(res, stock *scenarioResult) []string {
 	return above
 }
 
-// undecided lists the comparisons that neither failed nor pass: too few trials, or unable to fail.
-func undecided(results []*scenarioResult) []string {
-	var out []string
+// eachComparison calls f with each count of each scenario held to its baseline's, and the verdict.
+func eachComparison(results []*scenarioResult, f func(res, stock *scenarioResult, name string, c comparison)) {
 	for _, res := range results {
 		stock := baselineOf(results, res)
 		if res.control || stock == nil {
 			continue
 		}
 		for _, n := range res.compared {
-			if c := compareArms(armOf(res, n), armOf(stock, n)); !c.passes() && c.verdict != verdictWorse {
-				out = append(out, fmt.Sprintf("%s, %s: %v", res.name, n, c))
-			}
+			f(res, stock, n, compareArms(armOf(res, n), armOf(stock, n)))
 		}
 	}
+}
+
+// undecided lists the comparisons that neither failed nor pass: too few trials, or unable to fail.
+func undecided(results []*scenarioResult) []string {
+	var out []string
+	eachComparison(results, func(res, _ *scenarioResult, n string, c comparison) {
+		if !c.passes() && c.verdict != verdictWorse {
+			out = append(out, fmt.Sprintf("%s, %s: %v", res.name, n, c))
+		}
+	})
 	return out
 }
 
@@ -387,29 +431,22 @@ func undecided(results []*scenarioResult) []string {
 // criterion's verdict on each.
 func againstBaselines(results []*scenarioResult) []string {
 	var lines []string
-	for _, res := range results {
-		stock := baselineOf(results, res)
-		if res.control || stock == nil {
-			continue
-		}
+	eachComparison(results, func(res, stock *scenarioResult, n string, c comparison) {
 		if len(lines) == 0 {
 			lines = []string{"| scenario | count | with the webhook | stock | per 1,000 Metal3Data, with / stock | verdict | z | power against 2× | dispersion |",
 				"|---|---|---:|---:|---:|---|---:|---:|---:|"}
 		}
-		for _, n := range res.compared {
-			k, stockK := countOf(res.counts, n), countOf(stock.counts, n)
-			c := compareArms(armOf(res, n), armOf(stock, n))
-			verdict := string(c.verdict)
-			switch {
-			case c.verdict == verdictWorse:
-				verdict = "**" + verdict + "**"
-			case c.verdict == verdictUnderpowered && c.trialsNeeded > 0:
-				verdict += fmt.Sprintf(" (about %d trials each)", c.trialsNeeded)
-			}
-			lines = append(lines, fmt.Sprintf("| %s | %s | %d of %d | %d of %d | %.1f / %.1f | %s | %.2f | %.0f%% | %.1f |", res.name, n, k, res.admitted, stockK, stock.admitted,
-				1000*float64(k)/float64(max(res.admitted, 1)), 1000*float64(stockK)/float64(max(stock.admitted, 1)), verdict, c.z, 100*c.power, c.dispersion))
+		k, stockK := countOf(res.counts, n), countOf(stock.counts, n)
+		verdict := string(c.verdict)
+		switch {
+		case c.verdict == verdictWorse:
+			verdict = "**" + verdict + "**"
+		case c.verdict == verdictUnderpowered && c.trialsNeeded > 0:
+			verdict += fmt.Sprintf(" (about %d trials each)", c.trialsNeeded)
 		}
-	}
+		lines = append(lines, fmt.Sprintf("| %s | %s | %d of %d | %d of %d | %.1f / %.1f | %s | %.2f | %.0f%% | %.1f |", res.name, n, k, res.admitted, stockK, stock.admitted,
+			1000*float64(k)/float64(max(res.admitted, 1)), 1000*float64(stockK)/float64(max(stock.admitted, 1)), verdict, c.z, 100*c.power, c.dispersion))
+	})
 	return lines
 }
 

@@ -502,7 +502,12 @@ func TestStrayAddressOfDeletedWaitingClaimIsReleased(t *testing.T) {
 	if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim); err != nil {
 		t.Fatalf("the claim went before the IPAM could have made its address: %v", err)
 	}
-	harness.Eventually(t, strayWait+10*time.Second, func() error {
+	harness.Eventually(t, strayWait+10*time.Second, bothGone(ctx, address, claim))
+}
+
+// bothGone tells, for harness.Eventually, whether the IPAddress and the claim are gone.
+func bothGone(ctx context.Context, address *ipamv1.IPAddress, claim *ipamv1.IPClaim) func() error {
+	return func() error {
 		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(address), address); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("IPAddress still there (%v): finalizers %v", err, address.Finalizers)
 		}
@@ -510,7 +515,7 @@ func TestStrayAddressOfDeletedWaitingClaimIsReleased(t *testing.T) {
 			return fmt.Errorf("claim still there (%v): finalizers %v", err, claim.Finalizers)
 		}
 		return nil
-	})
+	}
 }
 
 // TestWaitingClaimOfGonePoolIsFinished: a waiting IPClaim the IPAM answered is deleted after its
@@ -555,15 +560,7 @@ func TestWaitingClaimOfGonePoolIsFinished(t *testing.T) {
 	if err := cp.Client.Delete(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	harness.Eventually(t, 20*time.Second, func() error {
-		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(address), address); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("IPAddress still there (%v): finalizers %v", err, address.Finalizers)
-		}
-		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(claim), claim); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("claim still there (%v): finalizers %v", err, claim.Finalizers)
-		}
-		return nil
-	})
+	harness.Eventually(t, 20*time.Second, bothGone(ctx, address, claim))
 }
 
 // readyData stores a Metal3Data whose status says CAPM3 rendered it.
