@@ -246,6 +246,13 @@ func TestReleaseWhenNeverStored(t *testing.T) {
 	ms := machines(t, ns, 2)
 	rejected, accepted := ms[0], ms[1]
 	rejected.Data.Labels[harness.RejectLabel] = ""
+	// The pools exist, as with an IPAM: the finish of a claim whose pool is gone does not wait.
+	for _, pool := range []*ipamv1.IPPool{fixtures.Metal3Pool(fixtures.ProvisioningPool, "172.16"), fixtures.Metal3Pool(fixtures.BaremetalPool, "10.16")} {
+		pool.Namespace = ns
+		if err := cp.Client.Create(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	if err := cp.Client.Create(ctx, rejected.Data); err == nil || !strings.Contains(err.Error(), "rejected by the test's validating webhook") {
 		t.Fatalf("create of the rejected Metal3Data: %v", err)
