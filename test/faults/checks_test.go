@@ -343,8 +343,14 @@ func TestCheckReportOpensWithWhatItMeans(t *testing.T) {
 		e.Seed != runSeed || len(e.Trials) != 2 || !e.Trials[1].Stock || e.Trials[1].Counts[invOrphanAddress] != 4 {
 		t.Errorf("the evidence beside the page: %+v, %v", e, err)
 	}
+	for _, n := range invariants {
+		if !slices.ContainsFunc(failureModes, func(m failureMode) bool { return m.count == n }) {
+			t.Errorf("no failure mode tells an operator of %q", n)
+		}
+	}
 	order := []string{"## What it means", "| with the webhook (every scenario) | 100 | 0 | 0 | 1 | 0 | 0 |",
-		"| stock CAPM3 and IPAM alone (the baselines) | 90 | 0 | 0 | 4 | 0 | 0 |", "## Known problems", "## How it was measured", "## namespaces"}
+		"| stock CAPM3 and IPAM alone (the baselines) | 90 | 0 | 0 | 4 | 0 | 0 |", "## Failure modes",
+		"| " + invOrphanAddress + " | an address stays taken with no claim | 10.0 / 44.4 |", "## Known problems", "## How it was measured", "## namespaces"}
 	at := 0
 	for _, want := range order {
 		i := strings.Index(page[at:], want)

@@ -395,6 +395,46 @@ func sleepUntil(ctx context.Context, t time.Time) {
 	}
 }
 
+// namespaceGone is how a namespace's deletion went, timed from the request.
+type namespaceGone struct {
+	ns        string
+	took      time.Duration
+	err       error
+	remaining string
+}
+
+// deleteNamespace deletes ns, unless the scenario did already, and tells when it is gone, or at
+// namespaceStuck that it is not, with what the namespace controller said it waited for at
+// namespaceDeadline. Each namespace is timed from its own deletion, whoever asked for it.
+func (sc *scenario) deleteNamespace(ctx context.Context, ns string) <-chan namespaceGone {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if done, ok := sc.deletions[ns]; ok {
+		return done
+	}
+	done := make(chan namespaceGone, 1)
+	if sc.deletions == nil {
+		sc.deletions = map[string]chan namespaceGone{}
+	}
+	sc.deletions[ns] = done
+	start := time.Now()
+	obj := namespace(ns)
+	if err := cp.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+		done <- namespaceGone{ns: ns, err: err}
+		return done
+	}
+	go func() {
+		err := waitGone(ctx, obj, namespaceDeadline)
+		remaining := ""
+		if err != nil {
+			remaining = namespaceConditions(ctx, ns) + namespaceLeft(ctx, ns)
+			err = waitGone(ctx, obj, namespaceStuck-time.Since(start))
+		}
+		done <- namespaceGone{ns: ns, took: time.Since(start), err: err, remaining: remaining}
+	}()
+	return done
+}
+
 // deleteNamespaces deletes the scenario's namespaces that still exist, one after another, and
 // counts those gone only after namespaceDeadline (slow) apart from those not gone within
 // namespaceStuck (stuck); for both it reports what the namespace controller says is left. One at a time, as
@@ -404,35 +444,9 @@ func sleepUntil(ctx context.Context, t time.Time) {
 func (sc *scenario) deleteNamespaces(ctx context.Context) (slow, stuck namedCount) {
 	slow = namedCount{name: invNamespaces, capacity: int64(len(sc.namespaces))}
 	stuck = namedCount{name: invNamespacesStuck, capacity: int64(len(sc.namespaces))}
-	type result struct {
-		ns        string
-		took      time.Duration
-		err       error
-		remaining string
-	}
-	results := make(chan result, len(sc.namespaces))
+	results := make(chan namespaceGone, len(sc.namespaces))
 	for _, ns := range sc.namespaces {
-		func() {
-			obj := &corev1.Namespace{}
-			obj.Name = ns
-			start := time.Now()
-			if err := cp.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
-				results <- result{ns: ns, err: err}
-				return
-			}
-			// A namespace deleted earlier by the scenario is timed from its deletion.
-			if err := cp.Client.Get(ctx, client.ObjectKey{Name: ns}, obj); err == nil && obj.DeletionTimestamp != nil {
-				start = obj.DeletionTimestamp.Time
-			}
-			err := waitGone(ctx, obj, namespaceDeadline-time.Since(start))
-			remaining := ""
-			if err != nil {
-				// What the namespace controller waits for at the deadline; then until namespaceStuck.
-				remaining = namespaceConditions(ctx, ns) + namespaceLeft(ctx, ns)
-				err = waitGone(ctx, obj, namespaceStuck-time.Since(start))
-			}
-			results <- result{ns: ns, took: time.Since(start), err: err, remaining: remaining}
-		}()
+		results <- <-sc.deleteNamespace(ctx, ns)
 	}
 	var longest time.Duration
 	for range sc.namespaces {

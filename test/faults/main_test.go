@@ -33,6 +33,10 @@ const settleMax = 5 * time.Minute
 // namespaceDeadline is how long a deleted namespace may take to disappear.
 const namespaceDeadline = 30 * time.Second
 
+// webhookArm is the watch filter (cluster.x-k8s.io/watch-filter) of the webhook's arm: the
+// Metal3Data of its trials, and so their claims, carry it; a baseline's do not.
+const webhookArm = "ip-preallocator-arm"
+
 // namespaceStuck is when a namespace not gone counts as stuck rather than slow.
 const namespaceStuck = 120 * time.Second
 
@@ -108,7 +112,8 @@ func setUp(ctx context.Context, dir string) error {
 		NamespaceController: true,
 		Webhook:             true,
 		WebhookReplicas:     2,
-		WebhookArgs:         []string{"--release-grace-period=" + gracePeriod.String()},
+		// The replicas' informers and controllers see only the webhook's arm: stock's stays stock.
+		WebhookArgs: []string{"--release-grace-period=" + gracePeriod.String(), "--watch-filter=" + webhookArm},
 		// FAULTS_AUDIT=1 keeps the API server's audit log (who wrote what, when) for diagnosis.
 		AuditLog: os.Getenv("FAULTS_AUDIT") != "",
 	})

@@ -46,6 +46,8 @@ type trialCounts struct {
 	counts map[string]int64
 	// capacity is, per count, the most the trial could have had; absent: nothing bounds it.
 	capacity map[string]int64
+	// evidence is, per count, the first of its events.
+	evidence map[string][]string
 }
 
 // upperBoundPerData is the one-sided 95% upper confidence bound of the rate of a count per
@@ -102,7 +104,7 @@ func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount,
 	sumInto(&res.faults, sc.faults)
 	sumInto(&res.counts, counts)
 	sumInto(&res.info, info)
-	trial := trialCounts{counts: map[string]int64{}, capacity: map[string]int64{}, load: sc.load}
+	trial := trialCounts{counts: map[string]int64{}, capacity: map[string]int64{}, evidence: map[string][]string{}, load: sc.load}
 	for _, a := range sc.admissions {
 		res.attempts++
 		if a.err == nil {
@@ -114,6 +116,9 @@ func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount,
 		trial.counts[c.name] += c.n
 		if c.capacity > 0 {
 			trial.capacity[c.name] += c.capacity
+		}
+		if len(c.evidence) > 0 {
+			trial.evidence[c.name] = c.evidence
 		}
 	}
 	res.perTrial = append(res.perTrial, trial)
@@ -194,6 +199,10 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 		p("%s", line)
 	}
 	p("")
+	for _, line := range r.failureModes() {
+		p("%s", line)
+	}
+	p("")
 	if !correctedIPAM() {
 		for _, line := range r.knownProblems() {
 			p("%s", line)
@@ -214,9 +223,11 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("deletion needs its finalizers. Each scenario runs a stream of Metal3Data")
 	p("while it injects its faults, then checks, within the grace period plus %v of its last action", settleAfterGrace)
 	p("(or, while the count of problems keeps falling, until it stops falling for %v, at most %v),", settleAfterGrace, settleMax)
-	p("the invariants below, and deletes its namespaces. A scenario with a baseline also runs, in")
-	p("alternating order with the webhook's trials, in namespaces the webhook does not serve (stock")
-	p("CAPM3 and the IPAMs alone, under the same churn and faults): there, the counts stock shows")
+	p("the invariants below, and deletes its namespaces. A scenario with a baseline also runs in")
+	p("namespaces the webhook does not serve (stock CAPM3 and the IPAMs alone, under the same churn,")
+	p("faults and random choices), each trial at the same time as the webhook's where scenarios run")
+	p("side by side, and alternating with it, nothing else running, where a scenario runs alone")
+	p("(it faults the replicas, or measures latency): there, the counts stock shows")
 	p("too (Metal3Data not Ready, claims Terminating, IPAddresses whose claim is gone, claims holding")
 	p("a second IPAddress, addresses given to two claims, namespaces slow or stuck) must not be worse than")
 	p("stock's by the criterion above. Every other count, and every count of a scenario without a")
@@ -230,7 +241,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("")
 	p("The run took %v, of which %v to set up.", wall.Round(time.Second), r.setUp.Round(time.Second))
 	p("")
-	names := []string{invNotReady, invNoOwner, invTerminating, invOrphanAddress, invLeakedAddress, invDoubleAllocation, invCAPM3Claims, invUnanswered, invNamespaces, invNamespacesStuck}
+	names := invariants
 	header := "| scenario | trials | faults injected | Metal3Data admitted |"
 	rule := "|---|---:|---:|---:|"
 	for _, n := range names {
@@ -282,32 +293,6 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 		for _, f := range res.figures {
 			p("- %s", f)
 		}
-		for i, table := range res.tables {
-			p("")
-			if len(res.tables) > 1 {
-				p("Trial %d:", i+1)
-				p("")
-			}
-			for _, line := range table {
-				p("%s", line)
-			}
-		}
-		for _, c := range res.counts {
-			if c.n == 0 {
-				continue
-			}
-			p("")
-			p("**%s: %d.** The first of them:", c.name, c.n)
-			p("")
-			p("```")
-			for i, e := range c.evidence {
-				if i == maxEvidence {
-					break
-				}
-				p("%s", e)
-			}
-			p("```")
-		}
 		p("")
 	}
 	p("## Machine")
@@ -345,21 +330,28 @@ type evidence struct {
 }
 
 type trialEvidence struct {
-	Scenario string           `json:"scenario"`
-	Stock    bool             `json:"stock"`
-	Trial    int              `json:"trial"`
-	Load     string           `json:"load"`
-	Stored   int              `json:"stored"`
-	Counts   map[string]int64 `json:"counts"`
-	Capacity map[string]int64 `json:"capacity,omitempty"`
+	Scenario string `json:"scenario"`
+	// Table is the scenario's own table of the trial, Evidence the first events of each count.
+	Table    []string            `json:"table,omitempty"`
+	Evidence map[string][]string `json:"evidence,omitempty"`
+	Stock    bool                `json:"stock"`
+	Trial    int                 `json:"trial"`
+	Load     string              `json:"load"`
+	Stored   int                 `json:"stored"`
+	Counts   map[string]int64    `json:"counts"`
+	Capacity map[string]int64    `json:"capacity,omitempty"`
 }
 
 func (r *suiteReport) writeEvidence(path string, s sizes) error {
 	e := evidence{Seed: runSeed, Sizes: s.name}
 	for _, res := range r.results {
 		for i, tr := range res.perTrial {
-			e.Trials = append(e.Trials, trialEvidence{Scenario: strings.TrimSuffix(res.name, "-stock"), Stock: res.control, Trial: i + 1,
-				Load: tr.load, Stored: tr.stored, Counts: tr.counts, Capacity: tr.capacity})
+			te := trialEvidence{Scenario: strings.TrimSuffix(res.name, "-stock"), Stock: res.control, Trial: i + 1,
+				Load: tr.load, Stored: tr.stored, Counts: tr.counts, Capacity: tr.capacity, Evidence: tr.evidence}
+			if i < len(res.tables) {
+				te.Table = res.tables[i]
+			}
+			e.Trials = append(e.Trials, te)
 		}
 	}
 	data, err := json.MarshalIndent(e, "", "  ")
@@ -368,6 +360,9 @@ func (r *suiteReport) writeEvidence(path string, s sizes) error {
 	}
 	return os.WriteFile(path, append(data, '\n'), 0o644)
 }
+
+// invariants are every count the page gives, in its order.
+var invariants = []string{invNotReady, invNoOwner, invTerminating, invOrphanAddress, invLeakedAddress, invDoubleAllocation, invCAPM3Claims, invUnanswered, invNamespaces, invNamespacesStuck}
 
 // comparedToStock are the counts that stock CAPM3 and the IPAM show under churn on their own: with
 // a baseline, the webhook's are held to stock's by the criterion (compareArms), not to 0.
@@ -450,8 +445,8 @@ func againstBaselines(results []*scenarioResult) []string {
 	return lines
 }
 
-// leaks sums, over the webhook's scenarios or over the baselines, the stored Metal3Data and the
-// counts that cost an operator addresses or a namespace.
+// leaks sums, over the webhook's scenarios or over the baselines, the stored Metal3Data and each
+// count.
 func (r *suiteReport) leaks(control bool) (stored int, counts map[string]int64) {
 	counts = map[string]int64{}
 	for _, res := range r.results {
@@ -459,8 +454,8 @@ func (r *suiteReport) leaks(control bool) (stored int, counts map[string]int64) 
 			continue
 		}
 		stored += res.admitted
-		for _, n := range comparedToStock {
-			counts[n] += countOf(res.counts, n)
+		for _, c := range res.counts {
+			counts[c.name] += c.n
 		}
 	}
 	return stored, counts

@@ -34,9 +34,8 @@ func TestFaults(t *testing.T) {
 	for _, s := range []struct {
 		name, title string
 		parallel    bool
-		// compared: the counts held to stock's bound, not to 0. With any, each trial also runs the
-		// scenario in namespaces the webhook does not serve (stock CAPM3 and the IPAMs alone), in
-		// alternating order with the webhook's.
+		// compared: the counts held to stock's, not to 0. With any, each trial also runs the
+		// scenario in namespaces the webhook does not serve (stock CAPM3 and the IPAMs alone).
 		compared []string
 		run      func(ctx context.Context, sc *scenario)
 	}{
@@ -46,7 +45,8 @@ func TestFaults(t *testing.T) {
 		{"concurrent", "Metal3Data created all at once, admitted by both replicas; one in twenty has a claim in the InClusterIPPool.", false, comparedToStock, runConcurrent},
 		{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are. In the baseline the gate rejects half the Metal3Data, chosen the same way, and only the time its namespaces take to be deleted is held to stock's: CAPM3 and the IPAM never see a rejected Metal3Data, so every other count must be 0.", true, []string{invNamespaces, invNamespacesStuck}, runGate},
 		{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, comparedToStock, runRecreate},
-		{"namespaces", "Namespaces are deleted while claims preallocated for rejected Metal3Data wait; in another namespace, waiting claims are deleted by hand and half their Metal3Data are accepted afterwards. In the baseline, the claims CAPM3 creates are deleted by hand as long after their Metal3Data (a random moment up to 0.6 grace periods, at the earliest once they exist).", true, comparedToStock, runNamespaces},
+		{"namespaces", "Namespaces are deleted while claims preallocated for rejected Metal3Data wait: half the Metal3Data of each are rejected after our mutation, the others stored, and the namespace is deleted at a random moment up to 0.8 grace periods later. The baseline does the same.", true, comparedToStock, runNamespaces},
+		{"by-hand", "Every Metal3Data is rejected after our mutation, and the claims preallocated for it deleted by hand at a random moment up to 0.6 grace periods later; then half the Metal3Data are created again (the gate opened) and accepted, and the others' Metal3DataClaims deleted. The baseline does the same: there, with no webhook, the claims do not exist when they are deleted.", true, comparedToStock, runByHand},
 	} {
 		t.Run(s.name, func(t *testing.T) {
 			if s.parallel {
@@ -55,28 +55,26 @@ func TestFaults(t *testing.T) {
 			for trial := range size.trials {
 				modes := []bool{false}
 				if s.compared != nil {
-					// Alternating, so that a drift of the machine's load favours neither.
+					// Alternating when the arms run one after the other, so that a drift of the
+					// machine's load favours neither.
 					modes = []bool{trial%2 == 1, trial%2 == 0}
 				}
-				for _, stock := range modes {
-					ctx := context.Background()
-					name := s.name
-					if stock {
-						name += "-stock"
+				// A trial's arms of a scenario that runs beside others run at once, so that both
+				// meet the same load; the others' run alone, one after the other.
+				t.Run(fmt.Sprintf("trial-%d", trial), func(t *testing.T) {
+					for _, stock := range modes {
+						name := s.name
+						if stock {
+							name += "-stock"
+						}
+						t.Run(name, func(t *testing.T) {
+							if s.parallel {
+								t.Parallel()
+							}
+							runArm(t, s.title, name, trial, stock, s.compared, s.run)
+						})
 					}
-					sc := newScenario(t, name, uint64(trial))
-					sc.trial, sc.control = trial, stock
-					if !stock {
-						sc.compared = s.compared
-					}
-					// Every stock admission goes unanswered by the webhook, by design.
-					sc.webhookFaults = sc.webhookFaults || stock
-					started := time.Now()
-					load := loadAverage()
-					s.run(ctx, sc)
-					sc.load = load + " → " + loadAverage()
-					sc.finish(ctx, s.title, started)
-				}
+				})
 			}
 			if s.compared != nil {
 				for _, f := range report.failuresAgainstStock(s.name) {
@@ -85,6 +83,24 @@ func TestFaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runArm runs one arm of a scenario's trial: the webhook's, or stock's baseline.
+func runArm(t *testing.T, title, name string, trial int, stock bool, compared []string, run func(ctx context.Context, sc *scenario)) {
+	t.Helper()
+	ctx := context.Background()
+	sc := newScenario(t, name, uint64(trial))
+	sc.trial, sc.control = trial, stock
+	if !stock {
+		sc.compared = compared
+	}
+	// Every stock admission goes unanswered by the webhook, by design.
+	sc.webhookFaults = sc.webhookFaults || stock
+	started := time.Now()
+	load := loadAverage()
+	run(ctx, sc)
+	sc.load = load + " → " + loadAverage()
+	sc.finish(ctx, title, started)
 }
 
 // ns names a namespace of the scenario's trial.
@@ -505,7 +521,6 @@ func waitReady(ctx context.Context, data *infrav1.Metal3Data, timeout time.Durat
 }
 
 func runNamespaces(ctx context.Context, sc *scenario) {
-	// Namespaces deleted while claims preallocated for rejected Metal3Data wait.
 	var deleted, waitingAtDeletion atomic.Int64
 	var nsDeletions sync.WaitGroup
 	for i := range size.deletedNamespaces {
@@ -526,106 +541,73 @@ func runNamespaces(ctx context.Context, sc *scenario) {
 		nsDeletions.Go(func() {
 			time.Sleep(sc.random(500*time.Millisecond, gracePeriod*8/10))
 			waitingAtDeletion.Add(int64(len(waitingClaims(ctx, w.ns))))
-			if err := cp.Client.Delete(ctx, namespace(w.ns)); err != nil {
-				sc.t.Error(err)
-			}
+			sc.deleteNamespace(ctx, w.ns)
 			deleted.Add(1)
 			sc.touch()
 		})
 	}
+	nsDeletions.Wait()
+	sc.touch()
+	sc.addFault("namespaces deleted while claims wait", deleted.Load())
+	sc.figuref("%d namespaces deleted with %d claims waiting in them", deleted.Load(), waitingAtDeletion.Load())
+	sc.admissionFigures()
+}
 
-	// Waiting claims deleted by hand; half their Metal3Data are accepted afterwards. In the
-	// baseline, CAPM3's claims are deleted by hand as long after their Metal3Data, at the
-	// earliest once CAPM3 has created them: the same churn, which the IPAM may have answered.
+// runByHand deletes by hand the claims preallocated for rejected Metal3Data, as a person cleaning
+// up would; the baseline makes the same requests, which find nothing.
+func runByHand(ctx context.Context, sc *scenario) {
 	w, err := sc.newWorld(ctx, sc.ns("by-hand"), size.handDeleted, inClusterShare)
 	if err != nil {
 		sc.t.Fatal(err)
 	}
+	var datas []*infrav1.Metal3Data
+	for _, m := range w.machines {
+		datas = append(datas, m.Data)
+	}
+	if err := closeGate(ctx, w.ns, datas); err != nil {
+		sc.t.Fatal(err)
+	}
 	var byHand, acceptedAfter atomic.Int64
 	var work sync.WaitGroup
-	deleteByHand := func(m *fixtures.Machine) {
-		for _, pool := range poolsOf(m.Data.Spec.Template.Name) {
-			// Every claim of half the machines, the provisioning claim of the others.
-			if pool != fixtures.ProvisioningPool && sc.chance(0.5) {
-				continue
-			}
-			obj := claimObject(m.Data.Namespace, m.Data.Name+"-"+pool, pool)
-			if sc.control {
-				waitExists(ctx, obj, 30*time.Second)
-			}
-			if err := cp.Client.Delete(ctx, obj); err == nil {
-				byHand.Add(1)
-			} else if !apierrors.IsNotFound(err) {
-				sc.t.Error(err)
-			}
+	stream(w.machines, 4, 0, func(m *fixtures.Machine) {
+		if a := sc.admit(ctx, m.Data); !gateRejected(a.err) {
+			sc.t.Errorf("%s: expected the gate's rejection, got %v", m.Data.Name, a.err)
 		}
-		sc.touch()
-	}
-	if sc.control {
-		stream(w.machines, 4, 0, func(m *fixtures.Machine) {
+		work.Go(func() {
+			time.Sleep(sc.random(0, gracePeriod*6/10))
+			for _, pool := range poolsOf(m.Data.Spec.Template.Name) {
+				// Every claim of half the machines, the provisioning claim of the others.
+				if pool != fixtures.ProvisioningPool && sc.chance(0.5) {
+					continue
+				}
+				if err := cp.Client.Delete(ctx, claimObject(m.Data.Namespace, m.Data.Name+"-"+pool, pool)); err == nil {
+					byHand.Add(1)
+				} else if !apierrors.IsNotFound(err) {
+					sc.t.Error(err)
+				}
+			}
+			sc.touch()
+			if sc.chance(0.5) {
+				deleteDataClaim(ctx, sc, m)
+				return
+			}
+			time.Sleep(sc.random(0, gracePeriod))
+			if err := openGate(ctx, m.Data.Namespace, m.Data.Name); err != nil {
+				sc.t.Error(err)
+				return
+			}
 			if a, _ := sc.admitUntilStored(ctx, m.Data, 100*time.Millisecond, 30*time.Second); a.err != nil {
 				sc.t.Errorf("%s was not accepted: %v", m.Data.Name, a.err)
 				return
 			}
 			acceptedAfter.Add(1)
-			work.Go(func() {
-				// As long after the Metal3Data as the webhook's claims are deleted after admission.
-				time.Sleep(sc.random(0, gracePeriod*6/10))
-				deleteByHand(m)
-				if sc.chance(0.5) {
-					deleteDataClaim(ctx, sc, m)
-				}
-			})
 		})
-	} else {
-		var datas []*infrav1.Metal3Data
-		for _, m := range w.machines {
-			datas = append(datas, m.Data)
-		}
-		if err := closeGate(ctx, w.ns, datas); err != nil {
-			sc.t.Fatal(err)
-		}
-		stream(w.machines, 4, 0, func(m *fixtures.Machine) {
-			if a := sc.admit(ctx, m.Data); !gateRejected(a.err) {
-				sc.t.Errorf("%s: expected the gate's rejection, got %v", m.Data.Name, a.err)
-			}
-			work.Go(func() {
-				time.Sleep(sc.random(0, gracePeriod*6/10))
-				deleteByHand(m)
-				if sc.chance(0.5) {
-					deleteDataClaim(ctx, sc, m)
-					return
-				}
-				time.Sleep(sc.random(0, gracePeriod))
-				if err := openGate(ctx, m.Data.Namespace, m.Data.Name); err != nil {
-					sc.t.Error(err)
-					return
-				}
-				if a, _ := sc.admitUntilStored(ctx, m.Data, 100*time.Millisecond, 30*time.Second); a.err != nil {
-					sc.t.Errorf("%s was not accepted: %v", m.Data.Name, a.err)
-					return
-				}
-				acceptedAfter.Add(1)
-			})
-		})
-	}
+	})
 	work.Wait()
-	nsDeletions.Wait()
 	sc.touch()
-	sc.addFault("namespaces deleted while claims wait", deleted.Load())
 	sc.addFault("waiting claims deleted by hand", byHand.Load())
-	sc.figuref("%d namespaces deleted with %d claims waiting in them; %d waiting claims deleted by hand, %d of their Metal3Data accepted afterwards",
-		deleted.Load(), waitingAtDeletion.Load(), byHand.Load(), acceptedAfter.Load())
+	sc.figuref("%d claims deleted by hand, %d of their Metal3Data accepted afterwards", byHand.Load(), acceptedAfter.Load())
 	sc.admissionFigures()
-}
-
-// waitExists waits, at most timeout, until obj exists.
-func waitExists(ctx context.Context, obj client.Object, timeout time.Duration) {
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if err := cp.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj); err == nil {
-			return
-		}
-	}
 }
 
 // deleteDataClaim deletes the Metal3DataClaim of a machine whose Metal3Data is never created

@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/test/harness"
@@ -57,6 +59,8 @@ type scenario struct {
 	compared []string
 	// load is the machine's load average (1 min) at the trial's start and after its stream.
 	load string
+	// deletions are the namespaces deleted so far, each with the end of its deletion to come.
+	deletions map[string]chan namespaceGone
 	// lastActivity is when the scenario last created, deleted or faulted anything; the checks
 	// run after the grace period counted from there.
 	lastActivity time.Time
@@ -323,6 +327,9 @@ func (sc *scenario) newWorld(ctx context.Context, ns string, n int, share float6
 			name = workersTemplate
 		}
 		m := fixtures.NewMachine(template(name), i).InNamespace(ns)
+		if !sc.control {
+			m.Data.Labels[clusterv1.WatchLabel] = webhookArm
+		}
 		w.machines[i] = m
 		return harness.CreateMachine(ctx, cp.Client, m)
 	})
