@@ -116,11 +116,11 @@ footprint: tools ## Measure the webhook's memory with a standing fleet of 1,000 
 	cd test && go run ./footprint $(FOOTPRINT_ARGS)
 
 .PHONY: faults
-faults: tools ## Run the fault suite at full size, five trials of each scenario and its baseline (about two hours on 2 cores); writes docs/reliability.md.
+faults: tools ## Run the fault suite at full size, five trials of each scenario and its baseline (FAULTS_TRIALS for more; FAULTS_SEED repeats a run); writes docs/reliability.md and the per-trial evidence docs/reliability.json.
 	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md go test -count=1 -v -timeout 180m ./faults
 
 .PHONY: faults-corrected-ipam
-faults-corrected-ipam: tools ## make faults with a test double of the Metal3 IPAM that has its races fixed; writes docs/reliability-corrected-ipam.md.
+faults-corrected-ipam: tools ## make faults with a test double of the Metal3 IPAM that has its races fixed; writes docs/reliability-corrected-ipam.md and .json.
 	cd test && FAULTS_FULL=1 FAULTS_IPAM=corrected FAULTS_REPORT=$(CURDIR)/docs/reliability-corrected-ipam.md go test -count=1 -v -timeout 180m ./faults
 
 .PHONY: build
