@@ -54,6 +54,8 @@ const (
 	invUnanswered       = "admissions the webhook did not answer, no fault injected"
 	invNamespaces       = "namespaces gone only after 30 s"
 	invNamespacesStuck  = "namespaces not gone in 120 s"
+	invOursLeft         = "claims the webhook created, left after their namespace's deletion"
+	invOthersLeft       = "other claims left after their namespace's deletion"
 )
 
 // checkResult is one evaluation of the invariants over a scenario's namespaces.
@@ -462,6 +464,36 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) (slow, stuck namedCoun
 	sc.figuref("%d namespaces deleted, the slowest in %v; %d gone only after %v, %d not gone in %v",
 		len(sc.namespaces), longest.Round(100*time.Millisecond), slow.n, namespaceDeadline, stuck.n, namespaceStuck)
 	return slow, stuck
+}
+
+// leftBehind counts, in the namespaces not gone once deleteNamespaces is done, the claims left, by
+// who created them (the claim recorder, by UID): the webhook's must be none, whatever stock does.
+func (sc *scenario) leftBehind(ctx context.Context) (ours, others namedCount) {
+	ours, others = namedCount{name: invOursLeft}, namedCount{name: invOthersLeft}
+	for _, ns := range sc.namespaces {
+		if err := cp.Client.Get(ctx, client.ObjectKey{Name: ns}, namespace(ns)); apierrors.IsNotFound(err) {
+			continue
+		}
+		for _, gvk := range []schema.GroupVersionKind{ipamv1.GroupVersion.WithKind("IPClaim"), capipamv1.GroupVersion.WithKind("IPAddressClaim")} {
+			list := &metav1.PartialObjectMetadataList{}
+			list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+			if err := cp.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+				sc.t.Error(err)
+				continue
+			}
+			for i := range list.Items {
+				c := &list.Items[i]
+				rec, _ := recorder.byUID(c.UID)
+				what := fmt.Sprintf("%s %s/%s: finalizers %v; %s", gvk.Kind, ns, c.Name, c.Finalizers, rec.history())
+				if rec.createdByWebhook() {
+					ours.addf("%s", what)
+				} else {
+					others.addf("%s", what)
+				}
+			}
+		}
+	}
+	return ours, others
 }
 
 func namespaceConditions(ctx context.Context, ns string) string {

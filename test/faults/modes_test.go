@@ -31,6 +31,10 @@ var failureModes = []failureMode{
 		"wait; docs/troubleshooting.md says what it waits for"},
 	{invNamespacesStuck, "a namespace is not gone in 120 s: a finalizer nobody removes", "whoever's finalizer it is: the page's evidence (JSON) names it",
 		"docs/troubleshooting.md, \"A namespace that takes long to delete\""},
+	{invOursLeft, "a claim the webhook created outlives its namespace's deletion", "the webhook's: the goal is none",
+		"docs/troubleshooting.md, \"A namespace that takes long to delete\"; report it"},
+	{invOthersLeft, "a claim CAPM3 created outlives its namespace's deletion", "CAPM3's or the IPAM's",
+		"docs/troubleshooting.md: the IPAM's own stuck claims"},
 }
 
 // failureModes is the page's table of failure modes: per 1,000 stored Metal3Data with the webhook

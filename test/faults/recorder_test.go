@@ -140,6 +140,17 @@ func (r *claimRecorder) deleted(obj any) {
 	}
 }
 
+// byUID returns the record of the claim with that UID.
+func (r *claimRecorder) byUID(uid types.UID) (claimRecord, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec, ok := r.records[uid]
+	return rec, ok
+}
+
+// createdByWebhook tells a claim the webhook created and preallocated.
+func (r claimRecord) createdByWebhook() bool { return r.preallocatedFor != "" && !r.createdByCAPM3() }
+
 // named returns the history of every claim of that kind and name, oldest first.
 func (r *claimRecorder) named(kind, namespace, name string) string {
 	r.mu.Lock()
@@ -183,7 +194,7 @@ func preallocatedShare(recs []claimRecord, datas map[types.UID]bool) (preallocat
 			continue
 		}
 		all++
-		if rec.preallocatedFor != "" && !rec.createdByCAPM3() {
+		if rec.createdByWebhook() {
 			preallocated++
 		}
 	}

@@ -150,10 +150,11 @@ func (sc *scenario) finish(ctx context.Context, title string, started time.Time)
 		sc.onDelete()
 	}
 	slow, stuck := sc.deleteNamespaces(ctx)
+	ours, others := sc.leftBehind(ctx)
 	if sc.onFinish != nil {
 		sc.onFinish()
 	}
-	counts := append(append(res.counts, slow, stuck), sc.extra...)
+	counts := append(append(res.counts, slow, stuck, ours, others), sc.extra...)
 	sc.t.Logf("%s: invariants:", sc.name)
 	for _, c := range counts {
 		sc.t.Logf("  %-62s %d", c.name, c.n)
@@ -362,11 +363,11 @@ func (r *suiteReport) writeEvidence(path string, s sizes) error {
 }
 
 // invariants are every count the page gives, in its order.
-var invariants = []string{invNotReady, invNoOwner, invTerminating, invOrphanAddress, invLeakedAddress, invDoubleAllocation, invCAPM3Claims, invUnanswered, invNamespaces, invNamespacesStuck}
+var invariants = []string{invNotReady, invNoOwner, invTerminating, invOrphanAddress, invLeakedAddress, invDoubleAllocation, invCAPM3Claims, invUnanswered, invNamespaces, invNamespacesStuck, invOursLeft, invOthersLeft}
 
 // comparedToStock are the counts that stock CAPM3 and the IPAM show under churn on their own: with
 // a baseline, the webhook's are held to stock's by the criterion (compareArms), not to 0.
-var comparedToStock = []string{invNotReady, invTerminating, invOrphanAddress, invLeakedAddress, invDoubleAllocation, invNamespaces, invNamespacesStuck}
+var comparedToStock = []string{invNotReady, invTerminating, invOrphanAddress, invLeakedAddress, invDoubleAllocation, invNamespaces, invNamespacesStuck, invOthersLeft}
 
 // baselineOf is the stock baseline of a webhook scenario's result, or nil.
 func baselineOf(results []*scenarioResult, res *scenarioResult) *scenarioResult {
