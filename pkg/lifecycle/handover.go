@@ -102,7 +102,7 @@ func handOver(step HandOverStep) HandOverDecision {
 // Decision is what a controller does next, and when it looks again if nothing happens first.
 type Decision[S ~int] struct {
 	Step S
-	// After is when to look again (waiting steps only); zero: on the next event.
+	// After is when to look again; zero: on the next event.
 	After time.Duration
 	// Why is logged when a claim is kept past its grace period.
 	Why string

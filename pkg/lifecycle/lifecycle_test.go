@@ -100,6 +100,8 @@ func TestDecideFinish(t *testing.T) {
 			Decision[FinishStep]{After: s, Why: "Keeping CAPM3's finalizer on a deleted waiting claim while the IPAM allocates in its pool"}},
 		{"pool busy past the hold", FinishFacts{IPClaim: true, SinceDeleted: hold, PoolBusy: true}, finish},
 		{"nothing left: nobody else removes CAPM3's finalizer", FinishFacts{IPClaim: true, SinceDeleted: 20 * s}, finish},
+		{"the IPAM's finalizer on it: a look later, should its pool go first", FinishFacts{IPClaim: true, SinceDeleted: 20 * s, IPAMFinalized: true},
+			Decision[FinishStep]{Step: Finish, After: 30 * s}},
 		{"pool gone: no IPAM pass will free it", FinishFacts{IPClaim: true, SinceDeleted: 0, PoolGone: true, PoolBusy: true}, Decision[FinishStep]{Step: FinishForIPAM}},
 		{"pool gone, strays left", FinishFacts{IPClaim: true, SinceDeleted: 20 * s, PoolGone: true, Strays: true},
 			Decision[FinishStep]{After: s, Why: "Keeping a deleted claim until its stray IPAddresses are released"}},

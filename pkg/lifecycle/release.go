@@ -91,8 +91,8 @@ type FinishFacts struct {
 	Strays bool
 	// PoolBusy: another claim of its pool waits for the IPAM's answer.
 	PoolBusy bool
-	// PoolGone: the claim's IPPool no longer exists, and it still has the IPAM's finalizer.
-	PoolGone bool
+	// IPAMFinalized: the IPAM's finalizer is on it; PoolGone: its IPPool no longer exists.
+	IPAMFinalized, PoolGone bool
 }
 
 // DecideFinish is the leader's decision on a waiting claim being deleted (release, namespace or person).
@@ -112,6 +112,10 @@ func DecideFinish(f FinishFacts, hold time.Duration) Decision[FinishStep] {
 		// As a release: an address freed while the pool allocates can be allocated twice.
 		return wait[FinishStep](min(clock.PoolRecheck, hold-f.SinceDeleted),
 			"Keeping CAPM3's finalizer on a deleted waiting claim while the IPAM allocates in its pool")
+	case f.IPClaim && f.IPAMFinalized:
+		// The IPAM frees it from its pool's reconcile; should the pool go first, which is no event
+		// of the claim, a look later finds it.
+		return Decision[FinishStep]{Step: Finish, After: clock.OrphanRecheck}
 	}
 	return Decision[FinishStep]{Step: Finish}
 }

@@ -102,7 +102,8 @@ func (r *Release) release(ctx context.Context, key types.NamespacedName, dataNam
 // reconcileDeleting gathers the facts of a waiting claim being deleted, decides with
 // DecideFinish and acts.
 func (r *Release) reconcileDeleting(ctx context.Context, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
-	f := lifecycle.FinishFacts{IPClaim: r.ClaimGVK.Kind == allocation.KindIPClaim, SinceDeleted: time.Since(claim.DeletionTimestamp.Time)}
+	f := lifecycle.FinishFacts{IPClaim: r.ClaimGVK.Kind == allocation.KindIPClaim, SinceDeleted: time.Since(claim.DeletionTimestamp.Time),
+		IPAMFinalized: slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer)}
 	if f.IPClaim {
 		addresses, err := index.Addresses(ctx, r.Client, claim.Namespace, claim.UID)
 		if err != nil {
@@ -123,7 +124,10 @@ func (r *Release) reconcileDeleting(ctx context.Context, claim *metav1.PartialOb
 		if removed && slices.Contains(claim.Finalizers, infrav1.DataFinalizer) {
 			r.finalizerRemoved(ctx, claim, "deleted-waiting", "Removed CAPM3's finalizer from a waiting claim being deleted: no Metal3Data will release it")
 		}
-		return ctrl.Result{}, err
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{RequeueAfter: d.After}, nil
 	case lifecycle.FinishForIPAM:
 		removed, err := allocation.FinishForIPAM(ctx, r.Client, claim)
 		if removed {
