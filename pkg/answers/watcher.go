@@ -4,7 +4,6 @@ package answers
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
@@ -30,9 +29,6 @@ type Watcher struct {
 	// inFlight are the claims this replica created that the IPAM has not answered, with when
 	// their create returned (zero while it is in flight).
 	inFlight memory.Expiring[claimKey, time.Time]
-	// silent: an idle admission gave up waiting for the answers, and the IPAM has answered
-	// nothing since; a down IPAM would otherwise cost every idle admission the wait.
-	silent atomic.Bool
 }
 
 // NewWatcher returns a Watcher that reads whole claims from cache.
@@ -102,24 +98,16 @@ func (w *Watcher) Created(claims []allocation.Claim, results []allocation.Result
 	}
 }
 
-// GaveUp records that an idle admission gave up waiting for the answers to claims: they do not
-// count toward the IPAM being behind (the admission paid for its slowness already), and no idle
-// admission waits until the IPAM answers a claim.
-func (w *Watcher) GaveUp(claims []allocation.Claim) {
+// Idle tells whether the IPAM has answered every claim this replica created, or given up on it
+// (clock.ClaimCreation and clock.IPAMGivenUp after its create): a down IPAM costs one idle
+// admission its wait, not every one.
+func (w *Watcher) Idle() bool {
 	if w == nil {
-		return
+		return false
 	}
-	w.silent.Store(true)
-	for _, c := range claims {
-		if k, ok := keyOf(c.Object); ok {
-			w.inFlight.Delete(k)
-		}
-	}
-}
-
-// Answering tells whether an idle admission may wait for the IPAM's answers.
-func (w *Watcher) Answering() bool {
-	return w != nil && !w.silent.Load()
+	idle := true
+	w.inFlight.Range(func(claimKey, time.Time) { idle = false })
+	return idle
 }
 
 // Behind tells whether a claim this replica created has waited between clock.IPAMBehind and
@@ -158,7 +146,7 @@ func (w *Watcher) Unanswered(ctx context.Context, namespace string, refs []alloc
 }
 
 // ClaimEvents is the event handler, for the informers of whole claims, that forgets the claims
-// the IPAM answered or that went, and ends the silence at the first answer.
+// the IPAM answered or that went.
 func (w *Watcher) ClaimEvents() toolscache.ResourceEventHandler {
 	forget := func(obj any) {
 		if tombstone, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
@@ -170,23 +158,14 @@ func (w *Watcher) ClaimEvents() toolscache.ResourceEventHandler {
 			}
 		}
 	}
-	return toolscache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if claim, ok := obj.(client.Object); ok && allocation.Answered(claim) {
-				forget(claim)
-			}
-		},
-		UpdateFunc: func(old, obj any) {
-			before, okOld := old.(client.Object)
-			claim, ok := obj.(client.Object)
-			if !ok || !allocation.Answered(claim) {
-				return
-			}
-			if okOld && !allocation.Answered(before) {
-				w.silent.Store(false)
-			}
+	answered := func(obj any) {
+		if claim, ok := obj.(client.Object); ok && allocation.Answered(claim) {
 			forget(claim)
-		},
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    answered,
+		UpdateFunc: func(_, obj any) { answered(obj) },
 		DeleteFunc: forget,
 	}
 }

@@ -89,22 +89,26 @@ func TestClaimEventsForgetAnswersAndDeletions(t *testing.T) {
 	}
 }
 
-// TestIdleWaitResumesWithAnAnswer: after an idle admission gave up on the IPAM, idle admissions
-// wait again only once the IPAM answers a claim, not when an answered claim merely changes.
-func TestIdleWaitResumesWithAnAnswer(t *testing.T) {
+// TestIdle: the IPAM is idle until a claim is tracked, and again once it is answered, not when it
+// merely changes.
+func TestIdle(t *testing.T) {
 	l := NewWatcher(nil)
 	handler := l.ClaimEvents()
-	l.GaveUp(nil)
-	unanswered := &ipamv1.IPClaim{ObjectMeta: metav1.ObjectMeta{Namespace: controllertest.DataKey.Namespace, Name: "other"}}
+	if !l.Idle() {
+		t.Fatal("nothing created, not idle")
+	}
+	claims := allocation.Plan(&infrav1.Metal3Data{ObjectMeta: metav1.ObjectMeta{Namespace: controllertest.DataKey.Namespace, Name: "tmpl-0"}},
+		[]allocation.PoolRef{{Name: "a", APIGroup: allocation.Metal3PoolGroup, Kind: allocation.Metal3PoolKind}}, "tmpl-0", false)
+	l.Track(claims)
+	unanswered := claims[0].Object.(*ipamv1.IPClaim).DeepCopy()
 	answered := unanswered.DeepCopy()
-	answered.Status.Address = &corev1.ObjectReference{Name: "other"}
-	handler.OnAdd(answered, false)
-	handler.OnUpdate(answered, answered)
-	if l.Answering() {
-		t.Fatal("an answered claim that changed resumed the idle wait")
+	answered.Status.Address = &corev1.ObjectReference{Name: unanswered.Name}
+	handler.OnUpdate(unanswered, unanswered)
+	if l.Idle() {
+		t.Fatal("idle with a claim unanswered")
 	}
 	handler.OnUpdate(unanswered, answered)
-	if !l.Answering() {
-		t.Error("the IPAM's answer did not resume the idle wait")
+	if !l.Idle() {
+		t.Error("every claim answered, not idle")
 	}
 }

@@ -34,11 +34,12 @@ type Creations struct {
 	// up to IPAMWait for the IPAM's answers.
 	Answers  *answers.Watcher
 	IPAMWait time.Duration
-	// IdleWait, when set with Cache, makes an admission alone in its namespace wait up to IdleWait,
-	// within its deadline, for the IPAM's answers: the IPAM's writes then come before the hand-over,
-	// and wake no CAPM3 reconcile. Alone: no other Metal3DataClaim of the namespace waits for its
-	// Metal3Data. Never in a burst or backlog, where CAPM3's template loop would wait for each
-	// admission in turn.
+	// IdleWait, when set with Cache, makes an idle admission wait up to IdleWait, within its
+	// deadline, for the IPAM's answers: the IPAM's writes then come before the hand-over, and wake
+	// no CAPM3 reconcile. Idle: alone in its namespace (no other Metal3DataClaim of it waits for
+	// its Metal3Data), and the IPAM answered every claim this replica created. Never in a burst or
+	// backlog, where CAPM3's template loop would wait for each admission in turn, nor at a burst's
+	// end while the IPAM works on it.
 	IdleWait time.Duration
 	// Cache holds the metadata of Metal3DataClaims and Metal3Data.
 	Cache client.Reader
@@ -79,7 +80,7 @@ func (c *Creations) NeedLeaderElection() bool { return false }
 // Metal3Data only after the answer, and CAPM3 reads two Secrets and the BareMetalHost live before
 // it creates claims, so the creates arrive first; a wait for the stored claims would be paid once
 // per machine, in series, in CAPM3's template loop. Alone in its namespace, it also waits for the
-// IPAM's answers, within IdleWait.
+// IPAM's answers, within IdleWait, when idle.
 func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, token, dataToken string, claims []allocation.Claim, warning string) {
 	c.init()
 	now := time.Now()
@@ -88,14 +89,14 @@ func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, toke
 	if behind {
 		v.answerBy = now.Add(c.IPAMWait)
 	}
-	idle := !behind && c.IdleWait > 0 && c.Cache != nil && len(claims) > 0 && c.Answers.Answering() &&
+	idle := !behind && c.IdleWait > 0 && c.Cache != nil && len(claims) > 0 && c.Answers.Idle() &&
 		c.alone(ctx, key.Namespace, claims[0].DataClaim)
 	c.Admissions.admit(key, v)
 	if len(claims) == 0 {
 		return
 	}
 	if idle {
-		defer c.waitForAnswers(ctx, key, token, claims)
+		defer c.waitForAnswers(ctx, key, token)
 	}
 	var onWire sync.WaitGroup
 	onWire.Add(len(claims))
@@ -146,11 +147,12 @@ func (c *Creations) alone(ctx context.Context, namespace, dataClaim string) bool
 }
 
 // waitForAnswers waits, at most IdleWait, until the claims of the admission token are created and
-// answered by the IPAM, and tells the lag detector when it gives up.
-func (c *Creations) waitForAnswers(ctx context.Context, key types.NamespacedName, token string, claims []allocation.Claim) {
+// answered by the IPAM.
+func (c *Creations) waitForAnswers(ctx context.Context, key types.NamespacedName, token string) {
 	ctx, cancel := context.WithTimeout(ctx, c.IdleWait)
 	defer cancel()
-	err := wait.PollUntilContextCancel(ctx, clock.IdleAnswerPoll, true, func(ctx context.Context) (bool, error) {
+	// Unanswered in time, the claims are handed over as without the wait.
+	_ = wait.PollUntilContextCancel(ctx, clock.IdleAnswerPoll, true, func(ctx context.Context) (bool, error) {
 		refs, _, created := c.Admissions.claims(key, token)
 		if !created {
 			return false, nil
@@ -158,9 +160,6 @@ func (c *Creations) waitForAnswers(ctx context.Context, key types.NamespacedName
 		waiting, absent := c.Answers.Unanswered(ctx, key.Namespace, refs)
 		return waiting+absent == 0, nil
 	})
-	if err != nil {
-		c.Answers.GaveUp(claims)
-	}
 }
 
 func (c *Creations) create(key types.NamespacedName, token string, claims []allocation.Claim, sent func()) {
