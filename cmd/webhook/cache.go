@@ -1,24 +1,34 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"maps"
+	"net/http"
 	"strings"
 
 	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 	"github.com/metal3-community/ip-preallocator/pkg/compat"
 )
 
@@ -43,6 +53,44 @@ func cached(ipamWait bool) []client.Object {
 		objs = append(objs, &capipamv1.IPAddressClaim{})
 	}
 	return objs
+}
+
+// watchCached gets the informers of objs before the manager starts, which makes them part of the
+// readiness cache sync, and exports, when scraped, how many objects each holds.
+func watchCached(ctx context.Context, mgr ctrl.Manager, objs []client.Object) error {
+	for _, obj := range objs {
+		gvk, err := apiutil.GVKForObject(obj, mgr.GetScheme())
+		if err != nil {
+			return fmt.Errorf("finding the kind of a cached %T: %w", obj, err)
+		}
+		var empty client.ObjectList = &metav1.PartialObjectMetadataList{}
+		content, listGVK := "metadata", gvk.GroupVersion().WithKind(gvk.Kind+"List")
+		empty.GetObjectKind().SetGroupVersionKind(listGVK)
+		if _, ok := obj.(*metav1.PartialObjectMetadata); !ok {
+			l, err := mgr.GetScheme().New(listGVK)
+			if err != nil {
+				return fmt.Errorf("making an empty %s: %w", listGVK.Kind, err)
+			}
+			empty, content = l.(client.ObjectList), "object"
+		}
+		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
+			return fmt.Errorf("getting the %s informer of %s: %w", content, gvk.Kind, err)
+		}
+		metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "ip_preallocator_cached_objects",
+			Help:        "Objects in the informer cache, by kind and by what the informer holds (metadata, or the whole object).",
+			ConstLabels: prometheus.Labels{"kind": gvk.Kind, "content": content},
+		}, func() float64 {
+			list := empty.DeepCopyObject().(client.ObjectList)
+			ctx, cancel := context.WithTimeout(context.Background(), clock.MetricsRead)
+			defer cancel()
+			if err := mgr.GetCache().List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+				return -1
+			}
+			return float64(meta.LenList(list))
+		}))
+	}
+	return nil
 }
 
 // cacheOptions restrict the caches to the namespace and watch filter served. The watch filter
@@ -82,37 +130,43 @@ func asRead(in any) (any, error) {
 	}
 	obj.SetManagedFields(nil)
 	obj.SetLabels(nil)
-	switch kindOf(obj) {
-	case allocation.IPClaimGVK.GroupKind(), allocation.IPAddressClaimGVK.GroupKind():
-	case allocation.Metal3AddressGVK.GroupKind():
-		obj.SetAnnotations(own(obj.GetAnnotations()))
-	case allocation.Metal3DataGVK.GroupKind():
-		obj.SetAnnotations(own(obj.GetAnnotations()))
-		obj.SetFinalizers(nil)
-	default:
-		obj.SetFinalizers(nil)
-	}
 	switch o := obj.(type) {
+	case *ipamv1.IPClaim, *capipamv1.IPAddressClaim:
+		return obj, nil
 	case *infrav1.Metal3Machine:
-		return metal3MachineAsRead(o), nil
+		// Admission reads its metadata and the template it names: its status and the rest of its
+		// spec grow with the fleet and are never read.
+		o.Finalizers = nil
+		return &infrav1.Metal3Machine{
+			TypeMeta:   o.TypeMeta,
+			ObjectMeta: o.ObjectMeta,
+			Spec:       infrav1.Metal3MachineSpec{DataTemplate: o.Spec.DataTemplate},
+		}, nil
 	case *appsv1.Deployment:
-		return deploymentAsRead(o), nil
-	}
-	return obj, nil
-}
-
-// kindOf tells the kind of a cached object: the metadata informers set it, whole objects are known
-// by their type.
-func kindOf(obj client.Object) schema.GroupKind {
-	switch obj.(type) {
+		// Of CAPM3's Deployment the compatibility guard reads the containers' images and flags.
+		o.Finalizers = nil
+		containers := make([]corev1.Container, len(o.Spec.Template.Spec.Containers))
+		for i, c := range o.Spec.Template.Spec.Containers {
+			containers[i] = corev1.Container{Name: c.Name, Image: c.Image, Command: c.Command, Args: c.Args}
+		}
+		return &appsv1.Deployment{
+			TypeMeta:   o.TypeMeta,
+			ObjectMeta: o.ObjectMeta,
+			Spec:       appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: containers}}},
+		}, nil
 	case *metav1.PartialObjectMetadata:
-		return obj.GetObjectKind().GroupVersionKind().GroupKind()
-	case *ipamv1.IPClaim:
-		return allocation.IPClaimGVK.GroupKind()
-	case *capipamv1.IPAddressClaim:
-		return allocation.IPAddressClaimGVK.GroupKind()
+		switch o.GroupVersionKind().GroupKind() {
+		case allocation.IPClaimGVK.GroupKind(), allocation.IPAddressClaimGVK.GroupKind():
+			return obj, nil
+		case allocation.Metal3AddressGVK.GroupKind():
+			o.Annotations = own(o.Annotations)
+			return obj, nil
+		case allocation.Metal3DataGVK.GroupKind():
+			o.Annotations = own(o.Annotations)
+		}
 	}
-	return schema.GroupKind{}
+	obj.SetFinalizers(nil)
+	return obj, nil
 }
 
 // own keeps the webhook's annotations; nil when there are none.
@@ -124,26 +178,14 @@ func own(annotations map[string]string) map[string]string {
 	return annotations
 }
 
-// metal3MachineAsRead keeps of a Metal3Machine what admission reads, its metadata and the template
-// it names: its status and the rest of its spec grow with the fleet and are never read.
-func metal3MachineAsRead(m3m *infrav1.Metal3Machine) *infrav1.Metal3Machine {
-	return &infrav1.Metal3Machine{
-		TypeMeta:   m3m.TypeMeta,
-		ObjectMeta: m3m.ObjectMeta,
-		Spec:       infrav1.Metal3MachineSpec{DataTemplate: m3m.Spec.DataTemplate},
-	}
-}
-
-// deploymentAsRead keeps of CAPM3's Deployment the containers' images and flags, which the
-// compatibility guard reads.
-func deploymentAsRead(d *appsv1.Deployment) *appsv1.Deployment {
-	containers := make([]corev1.Container, len(d.Spec.Template.Spec.Containers))
-	for i, c := range d.Spec.Template.Spec.Containers {
-		containers[i] = corev1.Container{Name: c.Name, Image: c.Image, Command: c.Command, Args: c.Args}
-	}
-	return &appsv1.Deployment{
-		TypeMeta:   d.TypeMeta,
-		ObjectMeta: d.ObjectMeta,
-		Spec:       appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: containers}}},
+// cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.
+func cacheSynced(c cache.Cache) healthz.Checker {
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), clock.ReadyPoll)
+		defer cancel()
+		if !c.WaitForCacheSync(ctx) {
+			return errors.New("informer caches have not synced yet")
+		}
+		return nil
 	}
 }

@@ -2,22 +2,23 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
-	"net/http"
 	"os"
-	"reflect"
+	goruntime "runtime"
+	"runtime/debug"
 
 	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
 	logsv1 "k8s.io/component-base/logs/api/v1"
@@ -28,10 +29,10 @@ import (
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/cluster-api/util/flags"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -50,13 +51,48 @@ import (
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
+// version and revision are set by the Makefile with -ldflags "-X main.version=$(VERSION) -X
+// main.revision=$(REVISION)": an image is built without .git, so go build stamps no revision.
+var version, revision string
+
+// build is the version and revision make stamped, or else those go build stamped from a checkout.
+func build() (string, string) {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		info = &debug.BuildInfo{}
+	}
+	vcs := map[string]string{}
+	for _, s := range info.Settings {
+		vcs[s.Key] = s.Value
+	}
+	rev := cmp.Or(vcs["vcs.revision"], "unknown")
+	if vcs["vcs.modified"] == "true" {
+		rev += "-dirty"
+	}
+	return cmp.Or(version, info.Main.Version, "(devel)"), cmp.Or(revision, rev)
+}
+
+// The build info tells a dashboard which version each replica runs during an upgrade.
+func init() {
+	v, rev := build()
+	metrics.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "ip_preallocator_build_info",
+		Help:        "The version of the running binary, its source revision and the Go version it was built with; always 1.",
+		ConstLabels: prometheus.Labels{"version": v, "revision": rev, "goversion": goruntime.Version()},
+	}, func() float64 { return 1 }))
+}
+
 func main() {
 	var o options
 	fs := pflag.NewFlagSet("webhook", pflag.ExitOnError)
 	o.addFlags(fs)
-	showVersion := addVersionFlag(fs)
+	showVersion := fs.Bool("version", false, "Print the version and exit.")
 	_ = fs.Parse(os.Args[1:])
-	printVersionAndExit(*showVersion)
+	if *showVersion {
+		v, rev := build()
+		fmt.Printf("ip-preallocator %s (revision %s, %s %s/%s)\n", v, rev, goruntime.Version(), goruntime.GOOS, goruntime.GOARCH)
+		os.Exit(0)
+	}
 	if err := logsv1.ValidateAndApply(o.logs, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "Invalid logging flags:", err)
 		os.Exit(2)
@@ -73,47 +109,18 @@ func main() {
 	}
 }
 
-// informerOf names the informer of obj in errors: the metadata or the whole objects of a kind.
-func informerOf(obj client.Object) string {
-	if _, ok := obj.(*metav1.PartialObjectMetadata); ok {
-		return "the metadata informer of " + obj.GetObjectKind().GroupVersionKind().Kind
-	}
-	return "the informer of " + reflect.TypeOf(obj).Elem().Name()
-}
-
-func newScheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme, infrav1.AddToScheme, ipamv1.AddToScheme, capipamv1.AddToScheme,
-		clusterv1.AddToScheme, bmov1alpha1.AddToScheme, clusterctlv1.AddToScheme,
-	} {
-		if err := add(s); err != nil {
-			panic(err)
-		}
-	}
-	return s
-}
-
 func run(ctx context.Context, o options) error {
-	scheme := newScheme()
-	mgr, err := newManager(o, scheme)
+	mgr, err := newManager(o)
 	if err != nil {
 		return err
 	}
 	if err := refuseSecondInstall(ctx, mgr.GetAPIReader(), os.Getenv("POD_NAMESPACE")); err != nil {
 		return err
 	}
-	// Informers registered before the start are part of the readiness cache sync.
-	for _, obj := range cached(o.ipamWait > 0) {
-		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
-			return fmt.Errorf("getting %s: %w", informerOf(obj), err)
-		}
-	}
-	if err := registerCacheSizes(mgr.GetCache(), scheme, cached(o.ipamWait > 0)); err != nil {
+	if err := watchCached(ctx, mgr, cached(o.ipamWait > 0)); err != nil {
 		return err
 	}
-	admissions := handover.NewAdmissions(o.releaseGrace)
-	creations, err := setupCreations(ctx, mgr, o, admissions)
+	creations, err := setupCreations(ctx, mgr, o)
 	if err != nil {
 		return err
 	}
@@ -121,23 +128,21 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if err := setupWebhooks(ctx, mgr, o, scheme, creations, guard); err != nil {
+	if err := setupWebhooks(ctx, mgr, o, creations, guard); err != nil {
 		return err
 	}
-	if err := setupControllers(ctx, mgr, o, admissions, creations); err != nil {
+	if err := setupControllers(ctx, mgr, o, creations); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("adding the ping health check: %w", err)
 	}
-	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
-		return fmt.Errorf("adding the webhook readiness check: %w", err)
-	}
-	if err := mgr.AddReadyzCheck("cache", cacheSynced(mgr.GetCache())); err != nil {
-		return fmt.Errorf("adding the cache readiness check: %w", err)
-	}
-	if err := mgr.AddReadyzCheck("capm3", guard.Checked); err != nil {
-		return fmt.Errorf("adding the CAPM3 readiness check: %w", err)
+	for name, check := range map[string]healthz.Checker{
+		"webhook": mgr.GetWebhookServer().StartedChecker(), "cache": cacheSynced(mgr.GetCache()), "capm3": guard.Checked,
+	} {
+		if err := mgr.AddReadyzCheck(name, check); err != nil {
+			return fmt.Errorf("adding the %s readiness check: %w", name, err)
+		}
 	}
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("running the manager: %w", err)
@@ -145,7 +150,7 @@ func run(ctx context.Context, o options) error {
 	return nil
 }
 
-func newManager(o options, scheme *runtime.Scheme) (ctrl.Manager, error) {
+func newManager(o options) (ctrl.Manager, error) {
 	tlsOpts, metricsOpts, err := flags.GetManagerOptions(o.manager)
 	if err != nil {
 		return nil, fmt.Errorf("reading the manager's TLS and metrics options: %w", err)
@@ -154,6 +159,11 @@ func newManager(o options, scheme *runtime.Scheme) (ctrl.Manager, error) {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 		metricsOpts.TLSOpts = append(metricsOpts.TLSOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
+	scheme := runtime.NewScheme()
+	utilruntime.Must((&runtime.SchemeBuilder{
+		clientgoscheme.AddToScheme, infrav1.AddToScheme, ipamv1.AddToScheme, capipamv1.AddToScheme,
+		clusterv1.AddToScheme, bmov1alpha1.AddToScheme, clusterctlv1.AddToScheme,
+	}).AddToScheme(scheme))
 	cfg := ctrl.GetConfigOrDie()
 	cfg.QPS, cfg.Burst = o.qps, o.burst
 	// Every claim carries CAPM3's finalizer, which the API server warns about on each create.
@@ -184,9 +194,9 @@ func newManager(o options, scheme *runtime.Scheme) (ctrl.Manager, error) {
 	return mgr, nil
 }
 
-func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions *handover.Admissions) (*handover.Creations, error) {
+func setupCreations(ctx context.Context, mgr ctrl.Manager, o options) (*handover.Creations, error) {
 	creations := &handover.Creations{
-		Admissions: admissions,
+		Admissions: handover.NewAdmissions(o.releaseGrace),
 		Creator:    &allocation.Creator{Client: mgr.GetClient(), Cache: mgr.GetClient(), APIReader: mgr.GetAPIReader()},
 		Timeout:    clock.ClaimCreation,
 		Wait:       clock.CreatesOnWire,
@@ -203,10 +213,10 @@ func setupCreations(ctx context.Context, mgr ctrl.Manager, o options, admissions
 	for _, claim := range []client.Object{&ipamv1.IPClaim{}, &capipamv1.IPAddressClaim{}} {
 		informer, err := mgr.GetCache().GetInformer(ctx, claim)
 		if err != nil {
-			return nil, fmt.Errorf("getting %s: %w", informerOf(claim), err)
+			return nil, fmt.Errorf("getting the informer of %T: %w", claim, err)
 		}
 		if _, err := informer.AddEventHandler(creations.Answers.ClaimEvents()); err != nil {
-			return nil, fmt.Errorf("adding the IPAM answers handler to %s: %w", informerOf(claim), err)
+			return nil, fmt.Errorf("adding the IPAM answers handler to the informer of %T: %w", claim, err)
 		}
 	}
 	return creations, nil
@@ -232,21 +242,20 @@ func setupGuard(mgr ctrl.Manager, o options) (*compat.Guard, error) {
 	return guard, guard.SetupWithManager(mgr)
 }
 
-func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *runtime.Scheme, creations *handover.Creations, guard *compat.Guard) error {
+func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, creations *handover.Creations, guard *compat.Guard) error {
 	deletions := mutate.NewDeletions(clock.ReusedNameHoldoff)
-	dataMetadata := allocation.Metadata(allocation.Metal3DataGVK)
-	dataInformer, err := mgr.GetCache().GetInformer(ctx, dataMetadata)
+	dataInformer, err := mgr.GetCache().GetInformer(ctx, allocation.Metadata(allocation.Metal3DataGVK))
 	if err != nil {
-		return fmt.Errorf("getting %s: %w", informerOf(dataMetadata), err)
+		return fmt.Errorf("getting the metadata informer of Metal3Data: %w", err)
 	}
 	if _, err := dataInformer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{DeleteFunc: deletions.OnDelete}); err != nil {
-		return fmt.Errorf("adding the deletions handler to %s: %w", informerOf(dataMetadata), err)
+		return fmt.Errorf("adding the deletions handler to the metadata informer of Metal3Data: %w", err)
 	}
 	mgr.GetWebhookServer().Register("/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate",
 		&webhook.Admission{WithContextFunc: mutate.WithRequestTiming, Handler: &mutate.Preallocator{
 			Reader:       mgr.GetClient(),
 			APIReader:    mgr.GetAPIReader(),
-			Decoder:      admission.NewDecoder(scheme),
+			Decoder:      admission.NewDecoder(mgr.GetScheme()),
 			BMHNameBased: o.bmhNameBased,
 			Timeout:      o.admissionTimeout,
 			Requesters:   o.requesters,
@@ -259,7 +268,7 @@ func setupWebhooks(ctx context.Context, mgr ctrl.Manager, o options, scheme *run
 	return (&validate.Metal3DataTemplate{Reader: mgr.GetAPIReader(), RESTMapper: mgr.GetRESTMapper()}).SetupWebhookWithManager(mgr)
 }
 
-func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, admissions *handover.Admissions, creations *handover.Creations) error {
+func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, creations *handover.Creations) error {
 	if err := index.Setup(ctx, mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
@@ -274,22 +283,10 @@ func setupControllers(ctx context.Context, mgr ctrl.Manager, o options, admissio
 	}
 	if err := (&handover.HandOver{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder,
-		Admissions: admissions, Created: creations.Created(), Answers: creations.Answers,
+		Admissions: creations.Admissions, Created: creations.Created(), Answers: creations.Answers,
 		TakeOverDelay: o.handOverDelay, IPAMWait: o.ipamWait,
 	}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return (&addresses.Addresses{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: recorder}).SetupWithManager(mgr)
-}
-
-// cacheSynced keeps the webhook unready until the informers sync, lest admissions find nothing.
-func cacheSynced(c cache.Cache) healthz.Checker {
-	return func(req *http.Request) error {
-		ctx, cancel := context.WithTimeout(req.Context(), clock.ReadyPoll)
-		defer cancel()
-		if !c.WaitForCacheSync(ctx) {
-			return errors.New("informer caches have not synced yet")
-		}
-		return nil
-	}
 }

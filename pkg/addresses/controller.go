@@ -11,6 +11,7 @@ import (
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -73,39 +74,33 @@ func (a *Addresses) addressesOf(ctx context.Context, claim client.Object) []reco
 	return reqs
 }
 
-// scope is what a reconcile acts on.
-type scope struct {
-	addresses []metav1.PartialObjectMetadata
-	claim     *ipamv1.IPClaim
-}
-
 // Reconcile gathers the facts of the IPAddresses of one IPAddress's claim, decides and acts.
 func (a *Addresses) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	address := allocation.Metadata(allocation.Metal3AddressGVK)
 	if err := a.Client.Get(ctx, req.NamespacedName, address); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	uid := allocation.AddressClaimUID(address)
-	if uid == "" || !address.DeletionTimestamp.IsZero() {
+	owner := allocation.Owner(address, allocation.KindIPClaim)
+	if owner == nil || !address.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
 	}
-	f, s, err := a.facts(ctx, address, uid)
+	f, addresses, claim, err := a.facts(ctx, address, owner)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	d := lifecycle.DecideAddresses(f)
-	logger := log.FromContext(ctx).WithValues("IPClaim", klog.KRef(req.Namespace, ownerName(address, uid)))
+	logger := log.FromContext(ctx).WithValues("IPClaim", klog.KRef(req.Namespace, owner.Name))
 	if d.Why != "" {
 		logger.Info(d.Why)
 	}
-	for i := range s.addresses {
-		address := &s.addresses[i]
+	for i := range addresses {
+		address := &addresses[i]
 		var kind, note string
 		switch {
 		case d.Step == lifecycle.ReleaseStrays:
 			kind, note = "stray", "Released an IPAddress of a deleted waiting IPClaim, which the IPAM would not free (it frees one per claim, only from a claim it finalized, and only while the pool exists)"
-		case d.Step == lifecycle.ReleaseSurplus && address.Name != s.claim.Status.Address.Name:
-			kind, note = "surplus", "Released a second IPAddress the IPAM allocated for IPClaim "+s.claim.Name+", whose status names "+s.claim.Status.Address.Name
+		case d.Step == lifecycle.ReleaseSurplus && address.Name != claim.Status.Address.Name:
+			kind, note = "surplus", "Released a second IPAddress the IPAM allocated for IPClaim "+claim.Name+", whose status names "+claim.Status.Address.Name
 		default:
 			continue
 		}
@@ -122,58 +117,53 @@ func (a *Addresses) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	return ctrl.Result{RequeueAfter: d.After}, nil
 }
 
-var addressesReleasedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+var addressesReleasedTotal = promauto.With(metrics.Registry).NewCounterVec(prometheus.CounterOpts{
 	Name: "ip_preallocator_addresses_released_total",
 	Help: "Metal3 IPAddresses the webhook deleted because the IPAM would never free them, by kind (stray: of a deleted waiting IPClaim; surplus: a second one for one IPClaim).",
 }, []string{"kind"})
 
-func init() {
-	metrics.Registry.MustRegister(addressesReleasedTotal)
-}
-
 // facts reads the claim's IPAddresses and the claim from the cache, and, for a claim with two
 // IPAddresses or more that is not being deleted, the claim and its Metal3Data live.
-func (a *Addresses) facts(ctx context.Context, address *metav1.PartialObjectMetadata, uid types.UID) (lifecycle.AddressFacts, scope, error) {
-	var f lifecycle.AddressFacts
-	var s scope
-	var err error
-	if s.addresses, err = index.Addresses(ctx, a.Client, address.Namespace, uid); err != nil {
-		return f, s, err
+func (a *Addresses) facts(ctx context.Context, address *metav1.PartialObjectMetadata, owner *metav1.OwnerReference) (
+	f lifecycle.AddressFacts, addresses []metav1.PartialObjectMetadata, claim *ipamv1.IPClaim, err error) {
+	if addresses, err = index.Addresses(ctx, a.Client, address.Namespace, owner.UID); err != nil {
+		return f, nil, nil, err
 	}
-	f.Addresses = len(s.addresses)
+	f.Addresses = len(addresses)
 	var youngest time.Time
-	for _, addr := range s.addresses {
+	for _, addr := range addresses {
 		if addr.CreationTimestamp.After(youngest) {
 			youngest = addr.CreationTimestamp.Time
 		}
 	}
 	f.Youngest = time.Since(youngest)
-	key := types.NamespacedName{Namespace: address.Namespace, Name: ownerName(address, uid)}
+	key := types.NamespacedName{Namespace: address.Namespace, Name: owner.Name}
 	cached := allocation.Metadata(allocation.IPClaimGVK)
 	err = a.Client.Get(ctx, key, cached)
 	if apierrors.IsNotFound(err) {
 		// The IPAM answers a claim the cache may not hold yet.
 		err = a.APIReader.Get(ctx, key, cached)
 	}
-	if err != nil || cached.UID != uid {
-		return f, s, client.IgnoreNotFound(err)
+	if err != nil || cached.UID != owner.UID {
+		return f, addresses, nil, client.IgnoreNotFound(err)
 	}
 	f.ClaimFound, f.Deleting, f.IPAMFinalized = true, allocation.PhaseOf(cached) == allocation.Deleting, allocation.IPAMFinalized(cached)
 	if f.Deleting && !lifecycle.Strays(f.Addresses, f.IPAMFinalized, false) {
-		f.PoolGone, err = allocation.PoolGone(ctx, a.APIReader, address.Namespace, allocation.AddressPool(address))
-		return f, s, err
+		pool := ptr.Deref(allocation.Owner(address, "IPPool"), metav1.OwnerReference{})
+		f.PoolGone, err = allocation.PoolGone(ctx, a.APIReader, address.Namespace, pool.Name)
+		return f, addresses, nil, err
 	}
 	if f.Deleting || f.Addresses < 2 {
-		return f, s, nil
+		return f, addresses, nil, nil
 	}
-	s.claim = &ipamv1.IPClaim{}
-	if err := a.APIReader.Get(ctx, key, s.claim); err != nil || s.claim.UID != uid {
+	claim = &ipamv1.IPClaim{}
+	if err := a.APIReader.Get(ctx, key, claim); err != nil || claim.UID != owner.UID {
 		f.ClaimFound = false
-		return f, s, client.IgnoreNotFound(err)
+		return f, addresses, nil, client.IgnoreNotFound(err)
 	}
-	f.CreatedHere, f.Answered = allocation.CreatedHere(s.claim), s.claim.Status.Address != nil
-	f.Rendered, err = rendered(ctx, a.APIReader, s.claim)
-	return f, s, err
+	f.CreatedHere, f.Answered = allocation.CreatedHere(claim), claim.Status.Address != nil
+	f.Rendered, err = rendered(ctx, a.APIReader, claim)
+	return f, addresses, claim, err
 }
 
 // rendered tells, from a live read, whether the Metal3Data that owns the claim is Ready.
@@ -183,22 +173,6 @@ func rendered(ctx context.Context, r client.Reader, claim *ipamv1.IPClaim) (bool
 		return false, nil
 	}
 	data := &infrav1.Metal3Data{}
-	err := r.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("reading Metal3Data %s/%s, owner of IPClaim %s: %w", claim.Namespace, owner.Name, claim.Name, err)
-	}
-	return data.UID == owner.UID && ptr.Deref(data.Status.Ready, false), nil
-}
-
-// ownerName is the name of the owner the reference with this UID names.
-func ownerName(o metav1.Object, uid types.UID) string {
-	for _, ref := range o.GetOwnerReferences() {
-		if ref.UID == uid {
-			return ref.Name
-		}
-	}
-	return ""
+	found, err := allocation.Read(ctx, r, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)
+	return found && data.UID == owner.UID && ptr.Deref(data.Status.Ready, false), err
 }

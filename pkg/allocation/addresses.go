@@ -3,6 +3,7 @@ package allocation
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -14,44 +15,44 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// Metal3AddressGVK and Metal3AddressListGVK are the Metal3 IPAM's IPAddress.
-var (
-	Metal3AddressGVK     = ipamv1.GroupVersion.WithKind("IPAddress")
-	Metal3AddressListGVK = ipamv1.GroupVersion.WithKind("IPAddressList")
-)
+// Metal3AddressGVK is the Metal3 IPAM's IPAddress.
+var Metal3AddressGVK = ipamv1.GroupVersion.WithKind("IPAddress")
 
-// AddressClaimUID is the UID of the IPClaim owning a Metal3 IPAddress; empty once the GC dropped it.
-func AddressClaimUID(address metav1.Object) types.UID {
-	for _, ref := range address.GetOwnerReferences() {
-		if ref.Kind == KindIPClaim {
-			return ref.UID
-		}
+// Owner is obj's owner reference of the kind; a Metal3 IPAddress has one of kind IPClaim (until
+// the GC drops it) and one of kind IPPool.
+func Owner(obj metav1.Object, kind string) *metav1.OwnerReference {
+	refs := obj.GetOwnerReferences()
+	if i := slices.IndexFunc(refs, func(ref metav1.OwnerReference) bool { return ref.Kind == kind }); i >= 0 {
+		return &refs[i]
 	}
-	return ""
+	return nil
 }
 
-// AddressPool is the name of the Metal3 IPPool owning a Metal3 IPAddress.
-func AddressPool(address metav1.Object) string {
-	for _, ref := range address.GetOwnerReferences() {
-		if ref.Kind == "IPPool" {
-			return ref.Name
-		}
+// Read reads obj; found is false, with no error, when it does not exist.
+func Read(ctx context.Context, r client.Reader, key types.NamespacedName, obj client.Object) (found bool, err error) {
+	err = r.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) {
+		return false, nil
 	}
-	return ""
+	if err != nil {
+		return false, fmt.Errorf("reading %s %s: %w", KindOf(obj), key, err)
+	}
+	return true, nil
+}
+
+// KindOf is obj's kind, from its TypeMeta or, as a typed read clears it, its Go type.
+func KindOf(obj client.Object) string {
+	if kind := obj.GetObjectKind().GroupVersionKind().Kind; kind != "" {
+		return kind
+	}
+	return reflect.TypeOf(obj).Elem().Name()
 }
 
 // PoolGone tells, from a live read, whether the Metal3 IPPool is gone: the IPAM frees claims and
 // IPAddresses only from their pool's reconcile, so it frees none of its own any more.
 func PoolGone(ctx context.Context, r client.Reader, namespace, name string) (bool, error) {
-	pool := Metadata(ipamv1.GroupVersion.WithKind("IPPool"))
-	err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, pool)
-	if apierrors.IsNotFound(err) {
-		return true, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("reading IPPool %s/%s: %w", namespace, name, err)
-	}
-	return false, nil
+	found, err := Read(ctx, r, types.NamespacedName{Namespace: namespace, Name: name}, Metadata(ipamv1.GroupVersion.WithKind("IPPool")))
+	return err == nil && !found, err
 }
 
 // FieldManager tells, in managedFields, the webhook's claims from CAPM3's after the hand-over.
@@ -69,25 +70,17 @@ func CreatedHere(claim metav1.Object) bool {
 // for one claim. It deletes before it removes the finalizer, so a half-done release is found again;
 // deleted tells whether this call deleted it.
 func ReleaseAddress(ctx context.Context, c client.Writer, address *metav1.PartialObjectMetadata) (deleted bool, err error) {
-	obj := Metadata(Metal3AddressGVK)
-	obj.SetNamespace(address.Namespace)
-	obj.SetName(address.Name)
 	if address.DeletionTimestamp.IsZero() {
-		err := c.Delete(ctx, obj, client.Preconditions{UID: &address.UID})
-		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			return false, nil
+		if deleted, err = deleteUnchanged(ctx, c, address, client.Preconditions{UID: &address.UID}); !deleted {
+			return false, err
 		}
-		if err != nil {
-			return false, fmt.Errorf("deleting IPAddress %s/%s: %w", address.Namespace, address.Name, err)
-		}
-		deleted = true
 	}
 	i := slices.Index(address.Finalizers, ipamv1.IPAddressFinalizer)
 	if i < 0 {
 		return deleted, nil
 	}
 	path := fmt.Sprintf("/metadata/finalizers/%d", i)
-	err = patch(ctx, c, obj.GroupVersionKind(), address.Namespace, address.Name, []jsonpatch.Operation{
+	err = patch(ctx, c, Metal3AddressGVK, address.Namespace, address.Name, []jsonpatch.Operation{
 		jsonpatch.NewOperation("test", "/metadata/uid", address.UID),
 		jsonpatch.NewOperation("test", path, ipamv1.IPAddressFinalizer),
 		jsonpatch.NewOperation("remove", path, nil),

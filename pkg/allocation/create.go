@@ -64,12 +64,11 @@ func (c *Creator) Create(ctx context.Context, dataName, token string, claims []C
 	var wg sync.WaitGroup
 	for i := range claims {
 		wg.Go(func() {
-			var once sync.Once
-			notify := func() {
+			notify := sync.OnceFunc(func() {
 				if sent != nil {
-					once.Do(sent)
+					sent()
 				}
-			}
+			})
 			defer notify()
 			defer func() {
 				if r := recover(); r != nil {
@@ -209,13 +208,8 @@ func (c *Creator) classify(ctx context.Context, claim Claim, existing metav1.Obj
 // storedWith tells, from a live read, whether the Metal3Data is stored with uid and token.
 func (c *Creator) storedWith(ctx context.Context, namespace, name string, uid types.UID, token string) (bool, error) {
 	data := Metadata(Metal3DataGVK)
-	switch err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, data); {
-	case apierrors.IsNotFound(err):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("reading Metal3Data %s/%s: %w", namespace, name, err)
-	}
-	return data.UID == uid && data.Annotations[AdmissionAnnotation] == token, nil
+	found, err := Read(ctx, c.APIReader, types.NamespacedName{Namespace: namespace, Name: name}, data)
+	return found && data.UID == uid && data.Annotations[AdmissionAnnotation] == token, err
 }
 
 var createBackoff = wait.Backoff{Duration: clock.CreateRetryFirst, Factor: 2, Jitter: 0.2, Steps: clock.CreateRetries, Cap: clock.CreateRetryCap}

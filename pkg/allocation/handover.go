@@ -149,15 +149,21 @@ func removeIfPresent(key string) []jsonpatch.Operation {
 // Release deletes a waiting claim whose Metal3Data is not stored, if unchanged since the live read
 // that found it, and reports whether it did. No hand-over can follow: it refuses a claim being deleted.
 func Release(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
-	obj := Metadata(claim.GroupVersionKind())
-	obj.SetNamespace(claim.Namespace)
-	obj.SetName(claim.Name)
-	err := c.Delete(ctx, obj, client.Preconditions{UID: &claim.UID, ResourceVersion: &claim.ResourceVersion})
+	return deleteUnchanged(ctx, c, claim, client.Preconditions{UID: &claim.UID, ResourceVersion: &claim.ResourceVersion})
+}
+
+// deleteUnchanged deletes obj under the preconditions and reports whether it did; a conflict or
+// an object gone is no error.
+func deleteUnchanged(ctx context.Context, c client.Writer, obj *metav1.PartialObjectMetadata, preconditions client.Preconditions) (bool, error) {
+	target := Metadata(obj.GroupVersionKind())
+	target.SetNamespace(obj.Namespace)
+	target.SetName(obj.Name)
+	err := c.Delete(ctx, target, preconditions)
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("deleting %s %s/%s: %w", claim.Kind, claim.Namespace, claim.Name, err)
+		return false, fmt.Errorf("deleting %s %s/%s: %w", obj.Kind, obj.Namespace, obj.Name, err)
 	}
 	return true, nil
 }

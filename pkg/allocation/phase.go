@@ -25,10 +25,6 @@ const (
 	Orphaned
 )
 
-func (p Phase) String() string {
-	return [...]string{"owned", "waiting", "deleting", "orphaned"}[p]
-}
-
 // PhaseOf is the only definition of a claim's phase.
 func PhaseOf(claim metav1.Object) Phase {
 	_, preallocated := claim.GetAnnotations()[PreallocatedForAnnotation]
@@ -45,11 +41,10 @@ func PhaseOf(claim metav1.Object) Phase {
 
 // WaitingFor names the Metal3Data a waiting or deleting claim was preallocated for.
 func WaitingFor(claim metav1.Object) (string, bool) {
-	switch PhaseOf(claim) {
-	case Waiting, Deleting:
-		return claim.GetAnnotations()[PreallocatedForAnnotation], true
+	if p := PhaseOf(claim); p != Waiting && p != Deleting {
+		return "", false
 	}
-	return "", false
+	return claim.GetAnnotations()[PreallocatedForAnnotation], true
 }
 
 // WaitsFor tells whether claim waits for the Metal3Data dataName.
@@ -65,10 +60,5 @@ func IPAMFinalized(claim metav1.Object) bool {
 
 // Metal3DataOwner is the claim's Metal3Data owner reference, which CAPM3 maps its events by.
 func Metal3DataOwner(claim metav1.Object) *metav1.OwnerReference {
-	for _, ref := range claim.GetOwnerReferences() {
-		if ref.Kind == Metal3DataGVK.Kind {
-			return &ref
-		}
-	}
-	return nil
+	return Owner(claim, Metal3DataGVK.Kind)
 }

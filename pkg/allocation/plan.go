@@ -8,6 +8,7 @@ import (
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
@@ -78,10 +79,8 @@ func (c Claim) GVK() schema.GroupVersionKind {
 func (c Claim) preallocated(token string) client.Object {
 	obj, _ := c.Object.DeepCopyObject().(client.Object)
 	obj.SetOwnerReferences(nil)
-	ann := maps.Clone(obj.GetAnnotations())
-	if ann == nil {
-		ann = map[string]string{}
-	}
+	ann := map[string]string{}
+	maps.Copy(ann, obj.GetAnnotations())
 	ann[PreallocatedForAnnotation] = c.Object.GetOwnerReferences()[0].Name
 	ann[AdmissionAnnotation] = token
 	if c.DataClaim != "" {
@@ -127,47 +126,31 @@ func Plan(data *infrav1.Metal3Data, pools []PoolRef, bmhName string, bmhNameBase
 			Finalizers:      []string{infrav1.DataFinalizer},
 			OwnerReferences: []metav1.OwnerReference{OwnerReference(data)},
 		}
+		c := Claim{Pool: pool, Lookup: []string{meta.Name}, DataClaim: dataClaim}
 		if !pool.IsMetal3() {
 			// CAPM3's BMH-name mode leaks a random Metal3 pool's labels, or none, onto an
 			// IPAddressClaim through a shared map; we add none.
-			claims = append(claims, Claim{
-				Pool:      pool,
-				Lookup:    []string{meta.Name},
-				DataClaim: dataClaim,
-				Object: &capipamv1.IPAddressClaim{
-					TypeMeta:   metav1.TypeMeta{APIVersion: IPAddressClaimGVK.GroupVersion().String(), Kind: KindIPAddressClaim},
-					ObjectMeta: meta,
-					Spec: capipamv1.IPAddressClaimSpec{PoolRef: capipamv1.IPPoolReference{
-						Name: pool.Name, APIGroup: pool.APIGroup, Kind: pool.Kind,
-					}},
-				},
-			})
+			c.Object = &capipamv1.IPAddressClaim{
+				TypeMeta:   metav1.TypeMeta{APIVersion: IPAddressClaimGVK.GroupVersion().String(), Kind: KindIPAddressClaim},
+				ObjectMeta: meta,
+				Spec:       capipamv1.IPAddressClaimSpec{PoolRef: capipamv1.IPPoolReference{Name: pool.Name, APIGroup: pool.APIGroup, Kind: pool.Kind}},
+			}
+			claims = append(claims, c)
 			continue
 		}
-		lookup := []string{meta.Name}
 		if bmhName != data.Name {
-			lookup = append(lookup, ClaimName(bmhName, pool.Name))
+			c.Lookup = append(c.Lookup, ClaimName(bmhName, pool.Name))
 		}
 		if bmhNameBased {
 			meta.Name = ClaimName(bmhName, pool.Name)
-			if meta.Labels == nil {
-				meta.Labels = map[string]string{}
-			}
-			meta.Labels[DataLabelName] = data.Name
-			meta.Labels[PoolLabelName] = pool.Name
+			meta.Labels = labels.Merge(meta.Labels, labels.Set{DataLabelName: data.Name, PoolLabelName: pool.Name})
 		}
-		claims = append(claims, Claim{
-			Pool:      pool,
-			Lookup:    lookup,
-			DataClaim: dataClaim,
-			Object: &ipamv1.IPClaim{
-				TypeMeta:   metav1.TypeMeta{APIVersion: IPClaimGVK.GroupVersion().String(), Kind: KindIPClaim},
-				ObjectMeta: meta,
-				Spec: ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{
-					Name: pool.Name, Namespace: data.Namespace,
-				}},
-			},
-		})
+		c.Object = &ipamv1.IPClaim{
+			TypeMeta:   metav1.TypeMeta{APIVersion: IPClaimGVK.GroupVersion().String(), Kind: KindIPClaim},
+			ObjectMeta: meta,
+			Spec:       ipamv1.IPClaimSpec{Pool: corev1.ObjectReference{Name: pool.Name, Namespace: data.Namespace}},
+		}
+		claims = append(claims, c)
 	}
 	return claims
 }

@@ -9,6 +9,7 @@ import (
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 )
 
 const (
@@ -41,11 +42,6 @@ type PoolRef struct {
 // IsMetal3 tells whether CAPM3 claims this pool with an IPClaim rather than an IPAddressClaim.
 func (p PoolRef) IsMetal3() bool {
 	return p.APIGroup == Metal3PoolGroup && p.Kind == Metal3PoolKind
-}
-
-// String is group/kind/name.
-func (p PoolRef) String() string {
-	return p.APIGroup + "/" + p.Kind + "/" + p.Name
 }
 
 // Reference is one place in a Metal3DataTemplate that names a pool, as written.
@@ -105,25 +101,25 @@ func networkRefs(networks *infrav1.NetworkDataNetwork, p *field.Path) []Referenc
 	var refs []Reference
 	for i, n := range networks.IPv4 {
 		np := p.Child("ipv4").Index(i)
-		refs = appendAddressRefs(refs, np, n.FromPoolAnnotation, n.FromPoolRef, n.IPAddressFromIPPool)
+		refs = appendAddressRefs(refs, np, &n.FromPoolAnnotation, n.FromPoolRef, "ipAddressFromIPPool", n.IPAddressFromIPPool)
 		for j, r := range n.Routes {
 			refs = appendRouteRefs(refs, np.Child("routes").Index(j), &r.Gateway.FromPoolAnnotation,
-				r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv4(r.Services))
+				r.Gateway.FromPoolRef, r.Gateway.FromIPPool, ptr.Deref(r.Services, infrav1.NetworkDataServicev4{}).DNSFromIPPool)
 		}
 	}
 	for i, n := range networks.IPv6 {
 		np := p.Child("ipv6").Index(i)
-		refs = appendAddressRefs(refs, np, n.FromPoolAnnotation, n.FromPoolRef, n.IPAddressFromIPPool)
+		refs = appendAddressRefs(refs, np, &n.FromPoolAnnotation, n.FromPoolRef, "ipAddressFromIPPool", n.IPAddressFromIPPool)
 		for j, r := range n.Routes {
 			refs = appendRouteRefs(refs, np.Child("routes").Index(j), &r.Gateway.FromPoolAnnotation,
-				r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv6(r.Services))
+				r.Gateway.FromPoolRef, r.Gateway.FromIPPool, ptr.Deref(r.Services, infrav1.NetworkDataServicev6{}).DNSFromIPPool)
 		}
 	}
 	// CAPM3 ignores fromPoolAnnotation on the routes of DHCP and SLAAC networks.
 	for i, n := range networks.IPv4DHCP {
 		for j, r := range n.Routes {
 			refs = appendRouteRefs(refs, p.Child("ipv4DHCP").Index(i).Child("routes").Index(j), nil,
-				r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv4(r.Services))
+				r.Gateway.FromPoolRef, r.Gateway.FromIPPool, ptr.Deref(r.Services, infrav1.NetworkDataServicev4{}).DNSFromIPPool)
 		}
 	}
 	for _, list := range []struct {
@@ -133,61 +129,36 @@ func networkRefs(networks *infrav1.NetworkDataNetwork, p *field.Path) []Referenc
 		for i, n := range list.networks {
 			for j, r := range n.Routes {
 				refs = appendRouteRefs(refs, p.Child(list.name).Index(i).Child("routes").Index(j), nil,
-					r.Gateway.FromPoolRef, r.Gateway.FromIPPool, servicesv6(r.Services))
+					r.Gateway.FromPoolRef, r.Gateway.FromIPPool, ptr.Deref(r.Services, infrav1.NetworkDataServicev6{}).DNSFromIPPool)
 			}
 		}
 	}
 	return refs
 }
 
-// appendAddressRefs mirrors CAPM3: any annotation pool, plus fromPoolRef or ipAddressFromIPPool.
-func appendAddressRefs(refs []Reference, p *field.Path, ann infrav1.FromPoolAnnotation,
-	ref infrav1.IPPoolReference, name string) []Reference {
-	if ann != (infrav1.FromPoolAnnotation{}) {
-		refs = append(refs, Reference{Path: p.Child("fromPoolAnnotation"), FromAnnotation: &ann})
+// appendAddressRefs mirrors CAPM3: any annotation pool, then fromPoolRef or, without it, the pool
+// nameField names.
+func appendAddressRefs(refs []Reference, p *field.Path, ann *infrav1.FromPoolAnnotation,
+	ref infrav1.IPPoolReference, nameField, name string) []Reference {
+	if ann != nil && *ann != (infrav1.FromPoolAnnotation{}) {
+		refs = append(refs, Reference{Path: p.Child("fromPoolAnnotation"), FromAnnotation: ptr.To(*ann)})
 	}
 	switch {
 	case ref.Name != "":
 		refs = append(refs, Reference{Path: p.Child("fromPoolRef"), Pool: ref})
 	case name != "":
-		refs = append(refs, Reference{Path: p.Child("ipAddressFromIPPool"), Pool: infrav1.IPPoolReference{Name: name}})
+		refs = append(refs, Reference{Path: p.Child(nameField), Pool: infrav1.IPPoolReference{Name: name}})
 	}
 	return refs
 }
 
 func appendRouteRefs(refs []Reference, p *field.Path, ann *infrav1.FromPoolAnnotation,
 	ref infrav1.IPPoolReference, name, dnsPool string) []Reference {
-	gw := p.Child("gateway")
-	if ann != nil {
-		refs = appendAddressRefs(refs, gw, *ann, infrav1.IPPoolReference{}, "")
-	}
-	switch {
-	case ref.Name != "":
-		refs = append(refs, Reference{Path: gw.Child("fromPoolRef"), Pool: ref})
-	case name != "":
-		refs = append(refs, Reference{Path: gw.Child("fromIPPool"), Pool: infrav1.IPPoolReference{Name: name}})
-	}
+	refs = appendAddressRefs(refs, p.Child("gateway"), ann, ref, "fromIPPool", name)
 	if dnsPool != "" {
-		refs = append(refs, Reference{
-			Path: p.Child("services", "dnsFromIPPool"),
-			Pool: infrav1.IPPoolReference{Name: dnsPool},
-		})
+		refs = append(refs, Reference{Path: p.Child("services", "dnsFromIPPool"), Pool: infrav1.IPPoolReference{Name: dnsPool}})
 	}
 	return refs
-}
-
-func servicesv4(s *infrav1.NetworkDataServicev4) string {
-	if s == nil {
-		return ""
-	}
-	return s.DNSFromIPPool
-}
-
-func servicesv6(s *infrav1.NetworkDataServicev6) string {
-	if s == nil {
-		return ""
-	}
-	return s.DNSFromIPPool
 }
 
 // Defaulted applies CAPM3's addRef defaults: an ipam.metal3.io IPPool.

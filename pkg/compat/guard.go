@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -122,11 +123,7 @@ func (g *Guard) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, err
 	return ctrl.Result{}, nil
 }
 
-var compatible = prometheus.NewGauge(prometheus.GaugeOpts{
+var compatible = promauto.With(metrics.Registry).NewGauge(prometheus.GaugeOpts{
 	Name: "ip_preallocator_capm3_compatible",
 	Help: "1 while the CAPM3 found beside the webhook creates the claims it mirrors (version and claim naming), 0 while every admission is left to CAPM3.",
 })
-
-func init() {
-	metrics.Registry.MustRegister(compatible)
-}

@@ -51,12 +51,10 @@ func (h *HandOver) act(ctx context.Context, s scope, d lifecycle.HandOverDecisio
 		}
 		return ctrl.Result{}, err
 	}
-	now := time.Now()
-	switch d.Note {
-	case lifecycle.NoteWaited:
-		h.seen.Note(key, func(t *takeOver) { t.note = lifecycle.NoteWaited })
-	case lifecycle.NoteAnswered:
-		h.seen.Note(key, func(t *takeOver) { t.note, t.answeredAt = lifecycle.NoteAnswered, now })
+	if d.Note != lifecycle.NoNote {
+		// answeredAt is read only under NoteAnswered.
+		now := time.Now()
+		h.seen.Note(key, func(t *takeOver) { t.note, t.answeredAt = d.Note, now })
 	}
 	if d.Why != "" {
 		log.FromContext(ctx).V(1).Info(d.Why, "limitIn", d.After)
@@ -68,12 +66,8 @@ func (h *HandOver) act(ctx context.Context, s scope, d lifecycle.HandOverDecisio
 // the UID of the object that exists now, not of one the cache still holds.
 func (h *HandOver) handOverUnrecorded(ctx context.Context, key types.NamespacedName, claims []metav1.PartialObjectMetadata) error {
 	data := allocation.Metadata(allocation.Metal3DataGVK)
-	err := h.APIReader.Get(ctx, key, data)
-	if apierrors.IsNotFound(err) || err == nil && !data.DeletionTimestamp.IsZero() {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("reading Metal3Data %s to hand claims over: %w", key, err)
+	if found, err := allocation.Read(ctx, h.APIReader, key, data); !found || !data.DeletionTimestamp.IsZero() {
+		return err
 	}
 	var errs []error
 	for _, claim := range claims {

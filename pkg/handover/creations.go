@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -206,26 +207,22 @@ func (c *Creations) create(key types.NamespacedName, token string, claims []allo
 }
 
 var (
-	handOversTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+	handOversTotal = promauto.With(metrics.Registry).NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_handovers_total",
 		Help: "Preallocated claims handed over to their Metal3Data, by claim kind and by path (admission: by the replica that admitted the Metal3Data; takeover: by the take-over on any replica).",
 	}, []string{"kind", "path"})
-	claimsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+	claimsTotal = promauto.With(metrics.Registry).NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_claims_total",
 		Help: "Claims recorded during admission, by kind and by what their creation, which the admission answers once it is sent, came to (created, reused, foreign, failed).",
 	}, []string{"kind", "outcome"})
-	claimCreationSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+	claimCreationSeconds = promauto.With(metrics.Registry).NewHistogram(prometheus.HistogramOpts{
 		Name:    "ip_preallocator_claim_creation_duration_seconds",
 		Help:    "Time spent creating (or reclaiming) the claims of one admitted Metal3Data, from the admission until the last is stored; the admission answers once they are sent.",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	})
-	handOverSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+	handOverSeconds = promauto.With(metrics.Registry).NewHistogram(prometheus.HistogramOpts{
 		Name:    "ip_preallocator_handover_duration_seconds",
 		Help:    "Time to patch all claims of one Metal3Data once it is stored and its claims are created.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 	})
 )
-
-func init() {
-	metrics.Registry.MustRegister(handOversTotal, claimsTotal, claimCreationSeconds, handOverSeconds)
-}

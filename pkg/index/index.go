@@ -4,6 +4,7 @@ package index
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -66,8 +67,8 @@ func heldFor(o client.Object) []string {
 }
 
 func claimUID(o client.Object) []string {
-	if uid := allocation.AddressClaimUID(o); uid != "" {
-		return []string{string(uid)}
+	if owner := allocation.Owner(o, allocation.KindIPClaim); owner != nil {
+		return []string{string(owner.UID)}
 	}
 	return nil
 }
@@ -89,11 +90,5 @@ func List(ctx context.Context, c client.Reader, gvk schema.GroupVersionKind, nam
 // Addresses lists, from the cache, the IPAddresses made for the IPClaim uid that are not being deleted.
 func Addresses(ctx context.Context, c client.Reader, namespace string, uid types.UID) ([]metav1.PartialObjectMetadata, error) {
 	all, err := List(ctx, c, allocation.Metal3AddressGVK, namespace, ClaimUID, string(uid))
-	var live []metav1.PartialObjectMetadata
-	for _, a := range all {
-		if a.DeletionTimestamp.IsZero() {
-			live = append(live, a)
-		}
-	}
-	return live, err
+	return slices.DeleteFunc(all, func(a metav1.PartialObjectMetadata) bool { return !a.DeletionTimestamp.IsZero() }), err
 }

@@ -1,9 +1,9 @@
 package mutate
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"reflect"
 	"slices"
 
 	bmov1alpha1 "github.com/metal3-io/baremetal-operator/apis/metal3.io/v1alpha1"
@@ -19,6 +19,51 @@ import (
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 )
+
+// Reasons for admitting a Metal3Data without preallocating; they are metric label values.
+const (
+	ReasonDryRun            = "DryRun"
+	ReasonAlreadyRendered   = "AlreadyRendered"
+	ReasonPaused            = "Paused"
+	ReasonNoName            = "NoName"
+	ReasonNoTemplate        = "NoTemplate"
+	ReasonTemplateNotFound  = "TemplateNotFound"
+	ReasonClusterNotFound   = "ClusterNotFound"
+	ReasonTemplateMismatch  = "TemplateOfOtherCluster"
+	ReasonNoPools           = "NoPools"
+	ReasonInvalidName       = "InvalidName"
+	ReasonObjectMissing     = "ObjectMissing"
+	ReasonInvalidReferences = "InvalidPoolReferences"
+	ReasonReadFailed        = "ReadFailed"
+	ReasonRequester         = "RequesterNotAllowed"
+	ReasonRecordTooLarge    = "RecordTooLarge"
+	ReasonNameInUse         = "NameInUse"
+	ReasonOutOfScope        = "OutOfScope"
+	ReasonIncompatibleCAPM3 = "IncompatibleCAPM3"
+)
+
+// WebhookName is the preallocating webhook's name in its MutatingWebhookConfiguration.
+const WebhookName = "preallocate.metal3data.ip-preallocator.metal3.io"
+
+// +kubebuilder:webhook:path=/mutate-infrastructure-cluster-x-k8s-io-v1beta2-metal3data-preallocate,mutating=true,failurePolicy=ignore,sideEffects=NoneOnDryRun,groups=infrastructure.cluster.x-k8s.io,resources=metal3datas,verbs=create,versions=v1beta2,name=preallocate.metal3data.ip-preallocator.metal3.io,matchPolicy=Equivalent,reinvocationPolicy=Never,timeoutSeconds=5,admissionReviewVersions=v1
+
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=metal3datatemplates;metal3machines,verbs=get;list;watch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=metal3dataclaims,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;machines,verbs=get;list;watch
+// +kubebuilder:rbac:groups=metal3.io,resources=baremetalhosts,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ipam.metal3.io,resources=ipclaims,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;create
+
+type skip struct {
+	reason string
+	msg    string
+}
+
+func (s *skip) Error() string { return s.reason + ": " + s.msg }
+
+func skipf(reason, format string, args ...any) *skip {
+	return &skip{reason: reason, msg: fmt.Sprintf(format, args...)}
+}
 
 // hostAnnotation is where the Metal3Machine controller records its BareMetalHost.
 const hostAnnotation = "metal3.io/BareMetalHost"
@@ -68,20 +113,17 @@ func (p *Preallocator) template(ctx context.Context, data *infrav1.Metal3Data) (
 		return nil, skipf(ReasonClusterNotFound, "label %s is not set", clusterv1.ClusterNameLabel)
 	}
 	cluster := &clusterv1.Cluster{}
-	if err := p.get(ctx, data.Namespace, clusterName, cluster); err != nil {
-		return nil, notFoundAs(err, ReasonClusterNotFound)
+	if err := p.get(ctx, data.Namespace, clusterName, cluster, ReasonClusterNotFound); err != nil {
+		return nil, err
 	}
 	if annotations.IsPaused(cluster, data) {
 		return nil, skipf(ReasonPaused, "Cluster %s is paused", clusterName)
 	}
 
-	tmplNamespace := data.Spec.Template.Namespace
-	if tmplNamespace == "" {
-		tmplNamespace = data.Namespace
-	}
 	tmpl := &infrav1.Metal3DataTemplate{}
-	if err := p.get(ctx, tmplNamespace, data.Spec.Template.Name, tmpl); err != nil {
-		return nil, notFoundAs(err, ReasonTemplateNotFound)
+	tmplNamespace := cmp.Or(data.Spec.Template.Namespace, data.Namespace)
+	if err := p.get(ctx, tmplNamespace, data.Spec.Template.Name, tmpl, ReasonTemplateNotFound); err != nil {
+		return nil, err
 	}
 	if tmpl.Spec.ClusterName != clusterName {
 		return nil, skipf(ReasonTemplateMismatch, "Metal3DataTemplate %s belongs to cluster %q", tmpl.Name, tmpl.Spec.ClusterName)
@@ -102,16 +144,16 @@ func (p *Preallocator) metal3Machine(ctx context.Context, data *infrav1.Metal3Da
 		return nil, skipf(ReasonObjectMissing, "spec.claim is not set")
 	}
 	claim := allocation.Metadata(allocation.Metal3DataClaimGVK)
-	if err := p.get(ctx, data.Namespace, data.Spec.Claim.Name, claim); err != nil {
-		return nil, notFoundAs(err, ReasonObjectMissing)
+	if err := p.get(ctx, data.Namespace, data.Spec.Claim.Name, claim, ReasonObjectMissing); err != nil {
+		return nil, err
 	}
 	name := ownerName(claim.OwnerReferences, infrav1.GroupVersion.Group, "Metal3Machine")
 	if name == "" {
 		return nil, skipf(ReasonObjectMissing, "Metal3DataClaim %s has no Metal3Machine owner", claim.Name)
 	}
 	m3m := &infrav1.Metal3Machine{}
-	if err := p.get(ctx, data.Namespace, name, m3m); err != nil {
-		return nil, notFoundAs(err, ReasonObjectMissing)
+	if err := p.get(ctx, data.Namespace, name, m3m, ReasonObjectMissing); err != nil {
+		return nil, err
 	}
 	ref := m3m.Spec.DataTemplate
 	if ref == nil || ref.Name != tmpl.Name || (ref.Namespace != "" && ref.Namespace != tmpl.Namespace) {
@@ -126,8 +168,8 @@ func (p *Preallocator) ownerMachine(ctx context.Context, m3m *infrav1.Metal3Mach
 		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s has no Machine owner yet", m3m.Name)
 	}
 	machine := allocation.Metadata(clusterv1.GroupVersion.WithKind("Machine"))
-	if err := p.get(ctx, m3m.Namespace, name, machine); err != nil {
-		return nil, notFoundAs(err, ReasonObjectMissing)
+	if err := p.get(ctx, m3m.Namespace, name, machine, ReasonObjectMissing); err != nil {
+		return nil, err
 	}
 	return machine, nil
 }
@@ -143,31 +185,28 @@ func (p *Preallocator) host(ctx context.Context, m3m *infrav1.Metal3Machine) (*m
 		return nil, skipf(ReasonObjectMissing, "Metal3Machine %s: annotation %s: %v", m3m.Name, hostAnnotation, err)
 	}
 	bmh := allocation.Metadata(bmov1alpha1.GroupVersion.WithKind("BareMetalHost"))
-	if err := p.get(ctx, m3m.Namespace, name, bmh); err != nil {
-		return nil, notFoundAs(err, ReasonObjectMissing)
+	if err := p.get(ctx, m3m.Namespace, name, bmh, ReasonObjectMissing); err != nil {
+		return nil, err
 	}
 	return bmh, nil
 }
 
-func (p *Preallocator) get(ctx context.Context, namespace, name string, obj client.Object) error {
+// get reads obj, from the API server if the cache misses it; an object still not found is a skip
+// for notFound.
+func (p *Preallocator) get(ctx context.Context, namespace, name string, obj client.Object, notFound string) error {
 	key := types.NamespacedName{Namespace: namespace, Name: name}
-	kind := kindOf(obj)
+	kind := allocation.KindOf(obj)
 	err := p.Reader.Get(ctx, key, obj)
 	if apierrors.IsNotFound(err) && p.APIReader != nil {
 		err = p.APIReader.Get(ctx, key, obj)
 	}
 	if err != nil {
-		return fmt.Errorf("reading %s %s: %w", kind, name, err)
+		err = fmt.Errorf("reading %s %s: %w", kind, name, err)
 	}
-	return nil
-}
-
-// kindOf names obj's kind in errors: metadata-only objects carry it, typed ones are named by type.
-func kindOf(obj client.Object) string {
-	if kind := obj.GetObjectKind().GroupVersionKind().Kind; kind != "" {
-		return kind
+	if apierrors.IsNotFound(err) {
+		return skipf(notFound, "%v", err)
 	}
-	return reflect.TypeOf(obj).Elem().Name()
+	return err
 }
 
 // ownerName finds an owner by group and kind, ignoring version and UID as CAPM3 does.
@@ -180,11 +219,4 @@ func ownerName(refs []metav1.OwnerReference, group, kind string) string {
 		return ""
 	}
 	return refs[i].Name
-}
-
-func notFoundAs(err error, reason string) error {
-	if apierrors.IsNotFound(err) {
-		return skipf(reason, "%v", err)
-	}
-	return err
 }

@@ -2,6 +2,7 @@
 package mutate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,20 +14,26 @@ import (
 
 	"github.com/go-openapi/jsonpointer"
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/pkg/clock"
 	"github.com/metal3-community/ip-preallocator/pkg/compat"
+	"github.com/metal3-community/ip-preallocator/pkg/memory"
 )
 
 // Preallocator admits every Metal3Data CREATE, recording in allocation.ClaimsAnnotation the claims
@@ -58,6 +65,11 @@ type Preallocator struct {
 
 var _ admission.Handler = &Preallocator{}
 
+var admissionsTotal = promauto.With(metrics.Registry).NewCounterVec(prometheus.CounterOpts{
+	Name: "ip_preallocator_admissions_total",
+	Help: "Metal3Data CREATE admissions by outcome (preallocated, partial, failed, skipped) and skip reason.",
+}, []string{"outcome", "reason"})
+
 // Handle implements admission.Handler.
 func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if req.Operation != admissionv1.Create {
@@ -69,11 +81,8 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	if err := p.Decoder.Decode(req, data); err != nil {
 		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding Metal3Data: %w", err))
 	}
-	logger := log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(req.Namespace, data.Name))
-	ctx = log.IntoContext(ctx, logger)
-	if data.Namespace == "" {
-		data.Namespace = req.Namespace
-	}
+	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("Metal3Data", klog.KRef(req.Namespace, data.Name)))
+	data.Namespace = cmp.Or(data.Namespace, req.Namespace)
 
 	if req.DryRun != nil && *req.DryRun {
 		return p.skipped(ctx, data, skipf(ReasonDryRun, "dry-run request"))
@@ -96,7 +105,7 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 		return p.skipped(ctx, data, s)
 	}
 	if reason := p.nameInUse(ctx, data); reason != "" {
-		return p.leftToCAPM3(ctx, data, claims, skipf(ReasonNameInUse, "%s", reason))
+		return p.skipped(ctx, data, skipf(ReasonNameInUse, "%s", reason), claims...)
 	}
 	return p.record(ctx, data, string(req.UID), claims)
 }
@@ -151,62 +160,36 @@ func (p *Preallocator) nameInUse(ctx context.Context, data *infrav1.Metal3Data) 
 	return ""
 }
 
-func (p *Preallocator) leftToCAPM3(ctx context.Context, data *infrav1.Metal3Data, claims []allocation.Claim, s *skip) admission.Response {
+// skipped admits data unchanged. It warns of each claim in left, and of invalid pool references or
+// a failed read, which the operator may have to fix; other skips are expected and silent.
+func (p *Preallocator) skipped(ctx context.Context, data *infrav1.Metal3Data, s *skip, left ...allocation.Claim) admission.Response {
 	log.FromContext(ctx).V(1).Info("Not preallocating IP claims", "reason", s.reason, "detail", s.msg)
 	admissionsTotal.WithLabelValues("skipped", s.reason).Inc()
-	warnings := make([]string, len(claims))
-	for i, c := range claims {
-		warnings[i] = fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %s", c.Kind(), c.Object.GetName(), s.msg)
+	var warnings []string
+	for _, c := range left {
+		warnings = append(warnings, fmt.Sprintf("ip-preallocator: %s %s left to CAPM3: %s", c.Kind(), c.Object.GetName(), s.msg))
+	}
+	if s.reason == ReasonInvalidReferences || s.reason == ReasonReadFailed {
+		warnings = append(warnings, "ip-preallocator: IP claims not preallocated (CAPM3 will create them): "+s.msg)
 	}
 	p.admitted(ctx, data, "", nil, warnings...)
 	return admission.Allowed("").WithWarnings(warnings...)
 }
 
-// deadline leaves a margin within the API server's own timeout for the answer to travel back.
-func deadline(ctx context.Context, timeout time.Duration) time.Time {
-	start, apiTimeout := requestTiming(ctx)
-	end := start.Add(timeout)
-	if apiTimeout > 0 {
-		if apiEnd := start.Add(time.Duration(float64(apiTimeout) * clock.APIServerShare)); apiEnd.Before(end) {
-			end = apiEnd
-		}
+// admitted calls OnAdmitted as its doc promises: for an admission that recorded claims or warns.
+func (p *Preallocator) admitted(ctx context.Context, data *infrav1.Metal3Data, token string, claims []allocation.Claim, warnings ...string) {
+	if p.OnAdmitted != nil && data.Name != "" && (len(claims) > 0 || len(warnings) > 0) {
+		dataToken := cmp.Or(token, data.Annotations[allocation.AdmissionAnnotation])
+		p.OnAdmitted(ctx, types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, dataToken, claims, strings.Join(warnings, "; "))
 	}
-	return end
 }
 
 // recordFits checks that the record does not make the annotations too large to store.
 func recordFits(existing, record map[string]string) error {
-	annotations := maps.Clone(existing)
-	if annotations == nil {
-		annotations = map[string]string{}
-	}
+	annotations := map[string]string{}
+	maps.Copy(annotations, existing)
 	maps.Copy(annotations, record)
-	if errs := apivalidation.ValidateAnnotations(annotations, field.NewPath("metadata", "annotations")); len(errs) > 0 {
-		return errs.ToAggregate()
-	}
-	return nil
-}
-
-func (p *Preallocator) skipped(ctx context.Context, data *infrav1.Metal3Data, s *skip) admission.Response {
-	log.FromContext(ctx).V(1).Info("Not preallocating IP claims", "reason", s.reason, "detail", s.msg)
-	admissionsTotal.WithLabelValues("skipped", s.reason).Inc()
-	resp := admission.Allowed("")
-	if s.reason == ReasonInvalidReferences || s.reason == ReasonReadFailed {
-		warning := "ip-preallocator: IP claims not preallocated (CAPM3 will create them): " + s.msg
-		p.admitted(ctx, data, "", nil, warning)
-		resp = resp.WithWarnings(warning)
-	}
-	return resp
-}
-
-func (p *Preallocator) admitted(ctx context.Context, data *infrav1.Metal3Data, token string, claims []allocation.Claim, warnings ...string) {
-	if p.OnAdmitted != nil && data.Name != "" {
-		dataToken := token
-		if dataToken == "" {
-			dataToken = data.Annotations[allocation.AdmissionAnnotation]
-		}
-		p.OnAdmitted(ctx, types.NamespacedName{Namespace: data.Namespace, Name: data.Name}, token, dataToken, claims, strings.Join(warnings, "; "))
-	}
+	return apivalidation.ValidateAnnotations(annotations, field.NewPath("metadata", "annotations")).ToAggregate()
 }
 
 // recordPatch adds the record without touching anything else of the object.
@@ -219,4 +202,62 @@ func recordPatch(existing, record map[string]string) []jsonpatch.JsonPatchOperat
 		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+jsonpointer.Escape(key), record[key]))
 	}
 	return ops
+}
+
+// Deletions remembers which Metal3Data this replica saw deleted lately: CAPM3 releases their
+// claims by name, and from a lagging cache also those preallocated for a new one of the same name,
+// which stock CAPM3 creates only from a cache that has seen the deletion.
+type Deletions struct {
+	at memory.Expiring[types.NamespacedName, time.Time]
+}
+
+// NewDeletions remembers a deletion for window.
+func NewDeletions(window time.Duration) *Deletions {
+	return &Deletions{at: memory.Expiring[types.NamespacedName, time.Time]{TTL: window}}
+}
+
+// OnDelete is the informer's DeleteFunc for Metal3Data.
+func (d *Deletions) OnDelete(obj any) {
+	if tombstone, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tombstone.Obj
+	}
+	if m, err := meta.Accessor(obj); err == nil {
+		d.at.Set(types.NamespacedName{Namespace: m.GetNamespace(), Name: m.GetName()}, time.Now())
+	}
+}
+
+// Since tells how long ago a Metal3Data named key was deleted, if lately.
+func (d *Deletions) Since(key types.NamespacedName) (time.Duration, bool) {
+	if d == nil {
+		return 0, false
+	}
+	at, ok := d.at.Get(key)
+	return time.Since(at), ok
+}
+
+type timingKey struct{}
+
+type timing struct {
+	start   time.Time
+	timeout time.Duration
+}
+
+// WithRequestTiming is an admission.Webhook WithContextFunc noting when the call arrived and the API
+// server's timeout for it, so the whole admission shares one deadline.
+func WithRequestTiming(ctx context.Context, r *http.Request) context.Context {
+	t := timing{start: time.Now()}
+	t.timeout, _ = time.ParseDuration(r.URL.Query().Get("timeout"))
+	return context.WithValue(ctx, timingKey{}, t)
+}
+
+// deadline leaves a margin within the API server's own timeout for the answer to travel back.
+func deadline(ctx context.Context, timeout time.Duration) time.Time {
+	t, ok := ctx.Value(timingKey{}).(timing)
+	if !ok {
+		t.start = time.Now()
+	}
+	if t.timeout > 0 {
+		timeout = min(timeout, time.Duration(float64(t.timeout)*clock.APIServerShare))
+	}
+	return t.start.Add(timeout)
 }

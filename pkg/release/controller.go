@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
@@ -32,19 +33,15 @@ import (
 )
 
 var (
-	releasesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+	releasesTotal = promauto.With(metrics.Registry).NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_releases_total",
 		Help: "Preallocated claims released because their Metal3Data was never stored, by claim kind.",
 	}, []string{"kind"})
-	finalizersRemovedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+	finalizersRemovedTotal = promauto.With(metrics.Registry).NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_capm3_finalizers_removed_total",
 		Help: "CAPM3 finalizers the webhook removed from claims CAPM3 would never release, by claim kind and case (deleted-waiting: deleted before its Metal3Data was stored; pool-gone: that, and its IPPool gone, the IPAM's finalizer removed too; orphan: its Metal3Data deleted before CAPM3's first reconcile).",
 	}, []string{"kind", "case"})
 )
-
-func init() {
-	metrics.Registry.MustRegister(releasesTotal, finalizersRemovedTotal)
-}
 
 // Release looks after the waiting, deleting and orphaned claims of one kind, as the decisions of
 // package lifecycle say: DecideRelease, DecideFinish and DecideOrphan.

@@ -1,6 +1,7 @@
 package release
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -10,7 +11,6 @@ import (
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -37,11 +37,11 @@ func (r *Release) reconcileWaiting(ctx context.Context, claim *metav1.PartialObj
 		r.seen.Note(key, func(h **lifecycle.Holds) { *h = nil })
 	}
 	data := allocation.Metadata(allocation.Metal3DataGVK)
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return ctrl.Result{}, fmt.Errorf("reading the Metal3Data %s/%s a claim waits for: %w", claim.Namespace, dataName, err)
+	stored, err := allocation.Read(ctx, r.Client, types.NamespacedName{Namespace: claim.Namespace, Name: dataName}, data)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-	f.Stored = err == nil && data.DeletionTimestamp.IsZero()
+	f.Stored = stored && data.DeletionTimestamp.IsZero()
 	d := lifecycle.DecideRelease(f, r.GracePeriod, r.HoldLimit)
 	switch d.Step {
 	case lifecycle.ReadHolds:
@@ -65,7 +65,11 @@ func (r *Release) reconcileWaiting(ctx context.Context, claim *metav1.PartialObj
 // readHolds reads the pool from the cache first: while it is busy the claim is looked at every
 // clock.PoolRecheck, and the live read of its Metal3DataClaim waits until it is not.
 func (r *Release) readHolds(ctx context.Context, claim *metav1.PartialObjectMetadata) (lifecycle.Holds, error) {
-	busy, err := r.poolBusy(ctx, claim)
+	whole, err := r.wholeIPClaim(ctx, claim)
+	if err != nil {
+		return lifecycle.Holds{}, err
+	}
+	busy, err := r.poolBusy(ctx, whole)
 	if err != nil || busy {
 		return lifecycle.Holds{PoolBusy: busy}, err
 	}
@@ -76,20 +80,14 @@ func (r *Release) readHolds(ctx context.Context, claim *metav1.PartialObjectMeta
 // release frees a claim once live reads show it still waiting and its Metal3Data not stored.
 func (r *Release) release(ctx context.Context, key types.NamespacedName, dataName string) error {
 	data := allocation.Metadata(allocation.Metal3DataGVK)
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: dataName}, data)
-	switch {
-	case err == nil && data.DeletionTimestamp.IsZero():
-		// The cache is behind: the Metal3Data's create event brings the claim back.
-		return nil
-	case err != nil && !apierrors.IsNotFound(err):
-		return fmt.Errorf("reading Metal3Data %s/%s before releasing its claim: %w", key.Namespace, dataName, err)
+	// Stored, the cache is behind: the Metal3Data's create event brings the claim back.
+	if stored, err := allocation.Read(ctx, r.APIReader, types.NamespacedName{Namespace: key.Namespace, Name: dataName}, data); err != nil ||
+		stored && data.DeletionTimestamp.IsZero() {
+		return err
 	}
 	claim := allocation.Metadata(r.ClaimGVK)
-	if err := r.APIReader.Get(ctx, key, claim); err != nil {
-		return client.IgnoreNotFound(fmt.Errorf("reading %s %s before releasing it: %w", r.ClaimGVK.Kind, key, err))
-	}
-	if !allocation.WaitsFor(claim, dataName) {
-		return nil
+	if found, err := allocation.Read(ctx, r.APIReader, key, claim); !found || !allocation.WaitsFor(claim, dataName) {
+		return err
 	}
 	log.FromContext(ctx).Info("Releasing a claim preallocated for a Metal3Data that was never stored", r.ClaimGVK.Kind, klog.KObj(claim))
 	released, err := allocation.Release(ctx, r.Client, claim)
@@ -105,15 +103,19 @@ func (r *Release) reconcileDeleting(ctx context.Context, claim *metav1.PartialOb
 	f := lifecycle.FinishFacts{IPClaim: r.ClaimGVK.Kind == allocation.KindIPClaim, SinceDeleted: time.Since(claim.DeletionTimestamp.Time),
 		IPAMFinalized: slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer)}
 	if f.IPClaim {
+		whole, err := r.wholeIPClaim(ctx, claim)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
 		addresses, err := index.Addresses(ctx, r.Client, claim.Namespace, claim.UID)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		if f.PoolGone, err = r.poolGone(ctx, claim); err != nil {
+		if f.PoolGone, err = r.poolGone(ctx, claim, whole); err != nil {
 			return ctrl.Result{}, err
 		}
 		f.Strays = lifecycle.Strays(len(addresses), allocation.IPAMFinalized(claim), f.PoolGone)
-		if f.PoolBusy, err = r.poolBusy(ctx, claim); err != nil {
+		if f.PoolBusy, err = r.poolBusy(ctx, whole); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -141,21 +143,26 @@ func (r *Release) reconcileDeleting(ctx context.Context, claim *metav1.PartialOb
 	return ctrl.Result{RequeueAfter: d.After}, nil
 }
 
-// poolGone tells, for a deleted IPClaim that still has the IPAM's finalizer, whether its pool is
-// gone: read live, since a pool's deletion is no event of the claim.
-func (r *Release) poolGone(ctx context.Context, claim *metav1.PartialObjectMetadata) (bool, error) {
-	if !slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer) {
-		return false, nil
+// wholeIPClaim reads the whole IPClaim of claim from the cache; nil for an IPAddressClaim or a
+// claim gone.
+func (r *Release) wholeIPClaim(ctx context.Context, claim *metav1.PartialObjectMetadata) (*ipamv1.IPClaim, error) {
+	if r.ClaimGVK.Kind != allocation.KindIPClaim {
+		return nil, nil
 	}
 	whole := &ipamv1.IPClaim{}
-	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(claim), whole); err != nil {
-		return false, client.IgnoreNotFound(fmt.Errorf("reading IPClaim %s/%s: %w", claim.Namespace, claim.Name, err))
+	if found, err := allocation.Read(ctx, r.Client, client.ObjectKeyFromObject(claim), whole); !found {
+		return nil, err
 	}
-	namespace := whole.Spec.Pool.Namespace
-	if namespace == "" {
-		namespace = claim.Namespace
+	return whole, nil
+}
+
+// poolGone tells, for a deleted IPClaim that still has the IPAM's finalizer, whether its pool is
+// gone: read live, since a pool's deletion is no event of the claim.
+func (r *Release) poolGone(ctx context.Context, claim *metav1.PartialObjectMetadata, whole *ipamv1.IPClaim) (bool, error) {
+	if whole == nil || !slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer) {
+		return false, nil
 	}
-	return allocation.PoolGone(ctx, r.APIReader, namespace, whole.Spec.Pool.Name)
+	return allocation.PoolGone(ctx, r.APIReader, cmp.Or(whole.Spec.Pool.Namespace, claim.Namespace), whole.Spec.Pool.Name)
 }
 
 // finalizerRemoved tells of a removal of CAPM3's finalizer, which CAPM3 would otherwise remove.
@@ -170,11 +177,11 @@ func (r *Release) finalizerRemoved(ctx context.Context, claim *metav1.PartialObj
 func (r *Release) reconcileOrphan(ctx context.Context, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
 	owner := allocation.Metal3DataOwner(claim)
 	data := allocation.Metadata(allocation.Metal3DataGVK)
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return ctrl.Result{}, fmt.Errorf("reading Metal3Data %s/%s, owner of a claim being deleted: %w", claim.Namespace, owner.Name, err)
+	found, err := allocation.Read(ctx, r.APIReader, types.NamespacedName{Namespace: claim.Namespace, Name: owner.Name}, data)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-	d := lifecycle.DecideOrphan(err == nil && data.UID == owner.UID)
+	d := lifecycle.DecideOrphan(found && data.UID == owner.UID)
 	if d.Step != lifecycle.Finish {
 		return ctrl.Result{RequeueAfter: d.After}, nil
 	}
@@ -188,18 +195,14 @@ func (r *Release) reconcileOrphan(ctx context.Context, claim *metav1.PartialObje
 // poolBusy tells, from the cache of whole IPClaims, whether another IPClaim of the claim's Metal3
 // IPPool waits for the IPAM's answer. Claims being deleted do not count: nothing is allocated for
 // them, and none other comes to a namespace being deleted.
-func (r *Release) poolBusy(ctx context.Context, claim *metav1.PartialObjectMetadata) (bool, error) {
-	if r.ClaimGVK.Kind != allocation.KindIPClaim {
+func (r *Release) poolBusy(ctx context.Context, whole *ipamv1.IPClaim) (bool, error) {
+	if whole == nil {
 		return false, nil
-	}
-	whole := &ipamv1.IPClaim{}
-	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(claim), whole); err != nil {
-		return false, client.IgnoreNotFound(fmt.Errorf("reading IPClaim %s/%s: %w", claim.Namespace, claim.Name, err))
 	}
 	others := &ipamv1.IPClaimList{}
 	// Read only, and polled while a pool is busy: the cache's objects, not copies.
-	if err := r.Client.List(ctx, others, client.InNamespace(claim.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return false, fmt.Errorf("listing the IPClaims of namespace %s: %w", claim.Namespace, err)
+	if err := r.Client.List(ctx, others, client.InNamespace(whole.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return false, fmt.Errorf("listing the IPClaims of namespace %s: %w", whole.Namespace, err)
 	}
 	return slices.ContainsFunc(others.Items, func(c ipamv1.IPClaim) bool {
 		return c.UID != whole.UID && c.Spec.Pool.Name == whole.Spec.Pool.Name && c.DeletionTimestamp.IsZero() && !allocation.Answered(&c)
@@ -215,12 +218,6 @@ func (r *Release) dataClaimWaits(ctx context.Context, claim *metav1.PartialObjec
 		return false, nil
 	}
 	dataClaim := &infrav1.Metal3DataClaim{}
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: name}, dataClaim)
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("reading Metal3DataClaim %s/%s: %w", claim.Namespace, name, err)
-	}
-	return dataClaim.DeletionTimestamp.IsZero() && dataClaim.Status.RenderedData == nil, nil
+	found, err := allocation.Read(ctx, r.APIReader, types.NamespacedName{Namespace: claim.Namespace, Name: name}, dataClaim)
+	return found && dataClaim.DeletionTimestamp.IsZero() && dataClaim.Status.RenderedData == nil, err
 }
