@@ -120,7 +120,7 @@ faults: tools ## Run the fault suite at full size, five trials of each scenario 
 	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md go test -count=1 -v -timeout 180m ./faults
 
 .PHONY: faults-corrected-ipam
-faults-corrected-ipam: tools ## make faults with a test double of the Metal3 IPAM that has its races fixed; writes docs/reliability-corrected-ipam.md and .json.
+faults-corrected-ipam: tools ## make faults with a test double of the Metal3 IPAM with the races docs/reliability.md names fixed (FAULTS_IPAM_CORRECTIONS=all, or a list, picks others); writes docs/reliability-corrected-ipam.md and .json.
 	cd test && FAULTS_FULL=1 FAULTS_IPAM=corrected FAULTS_REPORT=$(CURDIR)/docs/reliability-corrected-ipam.md go test -count=1 -v -timeout 180m ./faults
 
 .PHONY: build

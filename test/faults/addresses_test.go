@@ -64,7 +64,7 @@ func ownerUID(obj client.Object, kind string) types.UID {
 //   - twice: an address value held for two claim UIDs (by their IPAddresses' owners, or by what
 //     the claims' status points at); a claim whose status points at an IPAddress held for another
 //     claim; an address rendered into the Secrets of two Metal3Data.
-func addressViolations(ns string, s *namespaceState, claims map[string]*claim, orphans, leaked, double *namedCount) {
+func addressViolations(ns string, s *namespaceState, claims map[string]*claim, webhooks func(types.UID) bool, ours, orphans, leaked, double *namedCount) {
 	live := map[types.UID]*claim{}
 	for _, cl := range claims {
 		live[cl.obj.GetUID()] = cl
@@ -85,6 +85,9 @@ func addressViolations(ns string, s *namespaceState, claims map[string]*claim, o
 		byName[a.kind+"/"+a.name] = a
 		if cl, ok := live[a.claimUID]; !ok || a.claimUID == "" || cl.kind != a.claimKind {
 			orphans.addf("%s: %s: no live claim holds it", ns, a)
+			if webhooks(a.claimUID) {
+				ours.addf("address gone: %s: %s", ns, a)
+			}
 			continue
 		}
 		byClaimUID[a.claimUID] = append(byClaimUID[a.claimUID], a.kind+"/"+a.name)
@@ -103,18 +106,30 @@ func addressViolations(ns string, s *namespaceState, claims map[string]*claim, o
 			counted[a.key] = true
 			double.addf("%s: %s %s (uid %s) has address %s (%s), which is held for %s (uid %s)",
 				ns, cl.kind, cl.obj.GetName(), uidTail(cl.obj.GetUID()), a.name, a.ip, a.claimName, uidTail(a.claimUID))
+			if webhooks(cl.obj.GetUID()) || webhooks(a.claimUID) {
+				ours.addf("shared: %s: %s %s has address %s, held for %s", ns, cl.kind, cl.obj.GetName(), a.name, a.claimName)
+			}
 		}
 	}
 	for uid, names := range byClaimUID {
 		if len(names) > 1 {
 			sort.Strings(names)
 			leaked.addf("%s: %s %s (uid %s) is held by IPAddresses %v", ns, live[uid].kind, live[uid].obj.GetName(), uidTail(uid), names)
+			if webhooks(uid) {
+				ours.addf("second: %s: %s %s is held by IPAddresses %v", ns, live[uid].kind, live[uid].obj.GetName(), names)
+			}
 		}
 	}
 	for _, key := range sortedKeys(holders) {
 		if uids := holders[key]; len(uids) > 1 && !counted[key] {
 			counted[key] = true
 			double.addf("%s: %s is held for claims %v", ns, key, describeUIDs(uids, live))
+			for uid := range uids {
+				if webhooks(uid) {
+					ours.addf("shared: %s: %s is held for claims %v", ns, key, describeUIDs(uids, live))
+					break
+				}
+			}
 		}
 	}
 	rendered := renderedBy(s)

@@ -61,7 +61,9 @@ func TestCheckAddressViolations(t *testing.T) {
 		name                            string
 		state                           namespaceState
 		wantOrphans, wantLeaked, wantDo int64
-		wantEvidence                    string
+		// wantOurs: of those, on claims the webhook created (ua and old).
+		wantOurs     int64
+		wantEvidence string
 	}{{
 		name: "each claim its own address, rendered once",
 		state: namespaceState{
@@ -76,7 +78,7 @@ func TestCheckAddressViolations(t *testing.T) {
 			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "new", "")},
 			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "old")},
 		},
-		wantOrphans: 1, wantEvidence: `of IPClaim a-provisioning (uid …old)`,
+		wantOrphans: 1, wantOurs: 1, wantEvidence: `of IPClaim a-provisioning (uid …old)`,
 	}, {
 		name: "an IPAddress whose claim reference the garbage collector removed is an orphan",
 		state: namespaceState{
@@ -90,7 +92,7 @@ func TestCheckAddressViolations(t *testing.T) {
 			ipClaims:    []ipamv1.IPClaim{testClaim("a-provisioning", "ua", "172.16.0.10")},
 			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua"), testAddress("172.16.0.11", "a-provisioning", "ua")},
 		},
-		wantLeaked: 1, wantEvidence: "is held by IPAddresses",
+		wantLeaked: 1, wantOurs: 1, wantEvidence: "is held by IPAddresses",
 	}, {
 		name: "one address in the status of two claims",
 		state: namespaceState{
@@ -98,7 +100,7 @@ func TestCheckAddressViolations(t *testing.T) {
 			m3Addresses: []ipamv1.IPAddress{testAddress("172.16.0.10", "a-provisioning", "ua")},
 		},
 		// b's status points at a's IPAddress: the value is held for two UIDs, counted once.
-		wantDo: 1, wantEvidence: "which is held for a-provisioning",
+		wantDo: 1, wantOurs: 1, wantEvidence: "which is held for a-provisioning",
 	}, {
 		name: "one address in the status of two claims, rendered for both",
 		state: namespaceState{
@@ -107,7 +109,7 @@ func TestCheckAddressViolations(t *testing.T) {
 			datas:       []infrav1.Metal3Data{testData("a", "ma"), testData("b", "mb")},
 			secrets:     map[string]corev1.Secret{"ma-networkdata": rendered("172.16.0.10"), "mb-networkdata": rendered("172.16.0.10")},
 		},
-		wantDo: 1, wantEvidence: "which is held for a-provisioning",
+		wantDo: 1, wantOurs: 1, wantEvidence: "which is held for a-provisioning",
 	}, {
 		name: "one address rendered for two Metal3Data",
 		state: namespaceState{
@@ -120,7 +122,12 @@ func TestCheckAddressViolations(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			orphans, leaked, double := namedCount{name: invOrphanAddress}, namedCount{name: invLeakedAddress}, namedCount{name: invDoubleAllocation}
-			addressViolations("ns", &tc.state, tc.state.claims(), &orphans, &leaked, &double)
+			ours := namedCount{name: invOursAddresses}
+			webhooks := func(uid types.UID) bool { return uid == "ua" || uid == "old" }
+			addressViolations("ns", &tc.state, tc.state.claims(), webhooks, &ours, &orphans, &leaked, &double)
+			if ours.n != tc.wantOurs {
+				t.Errorf("on the webhook's claims: %d, want %d: %v", ours.n, tc.wantOurs, ours.evidence)
+			}
 			if orphans.n != tc.wantOrphans || leaked.n != tc.wantLeaked || double.n != tc.wantDo {
 				t.Errorf("orphans %d, leaked %d, twice %d; want %d, %d and %d\norphans: %v\nleaked: %v\ntwice: %v", orphans.n, leaked.n, double.n,
 					tc.wantOrphans, tc.wantLeaked, tc.wantDo, orphans.evidence, leaked.evidence, double.evidence)
@@ -319,10 +326,9 @@ func TestCheckFailuresAgainstStock(t *testing.T) {
 // beside stock's, then the known problems, then the method.
 func TestCheckReportOpensWithWhatItMeans(t *testing.T) {
 	// The known problems are the released IPAM's: a run against the corrected double omits them.
-	t.Setenv("FAULTS_IPAM", "")
-	saved := cp
-	defer func() { cp = saved }()
-	cp = &harness.ControlPlane{Root: t.TempDir()}
+	saved, savedCorrections := cp, ipamCorrections
+	defer func() { cp, ipamCorrections = saved, savedCorrections }()
+	cp, ipamCorrections = &harness.ControlPlane{Root: t.TempDir()}, nil
 	r := &suiteReport{started: time.Now(), results: []*scenarioResult{
 		{name: "namespaces", trials: 1, admitted: 100, compared: comparedToStock, counts: []namedCount{{name: invOrphanAddress, n: 1}},
 			perTrial: []trialCounts{{stored: 100, counts: map[string]int64{invOrphanAddress: 1}}}},
@@ -358,5 +364,29 @@ func TestCheckReportOpensWithWhatItMeans(t *testing.T) {
 			t.Fatalf("%q missing, or not after %q:\n%s", want, page[:at], page)
 		}
 		at += i
+	}
+}
+
+// TestCheckReportListsTheIPAMCorrections: against the corrected double, the page lists every change
+// it makes, and no other.
+func TestCheckReportListsTheIPAMCorrections(t *testing.T) {
+	saved, savedCorrections := cp, ipamCorrections
+	defer func() { cp, ipamCorrections = saved, savedCorrections }()
+	cp, ipamCorrections = &harness.ControlPlane{Root: t.TempDir()}, stack.NamedRaces
+	r := &suiteReport{started: time.Now(), results: []*scenarioResult{
+		{name: "kills", trials: 1, admitted: 10, perTrial: []trialCounts{{stored: 10, counts: map[string]int64{}}}},
+	}}
+	path := filepath.Join(t.TempDir(), "reliability.md")
+	if err := r.write(path, sizes{name: "quick"}, true); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for c, text := range stack.Describe {
+		if listed := strings.Contains(string(data), "- `"+string(c)+"`: "+text); listed != stack.NamedRaces.Has(c) {
+			t.Errorf("%s listed: %v, made: %v", c, listed, stack.NamedRaces.Has(c))
+		}
 	}
 }

@@ -8,5 +8,6 @@
 // `go test ./faults` runs a quick version of every scenario; FAULTS_FULL=1 selects the full sizes,
 // and FAULTS_REPORT=<file> writes the measured figures as Markdown (`make faults` does both and
 // writes docs/reliability.md). FAULTS_IPAM=corrected puts the corrected IPAM test double of
-// test/stack in the Metal3 IPAM's place, so that what the suite finds then is ours.
+// test/stack in the Metal3 IPAM's place, with the corrections FAULTS_IPAM_CORRECTIONS lists (by
+// default those of the races the page names), so that what the suite finds then is ours.
 package faults

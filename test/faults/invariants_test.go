@@ -55,6 +55,7 @@ const (
 	invNamespaces       = "namespaces gone only after 30 s"
 	invNamespacesStuck  = "namespaces not gone in 120 s"
 	invOursLeft         = "claims the webhook created, left after their namespace's deletion"
+	invOursAddresses    = "claims the webhook created that are Terminating, or whose address is gone, second or shared"
 	invOthersLeft       = "other claims left after their namespace's deletion"
 )
 
@@ -189,6 +190,8 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 	capm3Down := namedCount{name: "claims created by CAPM3 while the webhook was down"}
 	unanswered := namedCount{name: invUnanswered}
 	unansweredInfo := namedCount{name: "admissions the webhook did not answer (a replica or its API was faulted)"}
+	ours := namedCount{name: invOursAddresses}
+	webhooks := func(uid types.UID) bool { rec, _ := recorder.byUID(uid); return rec.createdByWebhook() }
 
 	warned := map[string]map[string]bool{}
 	logged, err := harness.ClaimsLeftToCAPM3InLogs(cp.Dir)
@@ -219,6 +222,9 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 		for _, cl := range claims {
 			if cl.obj.GetDeletionTimestamp() != nil {
 				terminating.addf("%s %s", cl.kind, describe(cl.obj))
+				if webhooks(cl.obj.GetUID()) {
+					ours.addf("Terminating: %s %s", cl.kind, describe(cl.obj))
+				}
 				continue
 			}
 			owned := false
@@ -231,7 +237,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 				noOwner.addf("%s %s", cl.kind, describe(cl.obj))
 			}
 		}
-		addressViolations(ns, s, claims, &orphans, &leaked, &double)
+		addressViolations(ns, s, claims, webhooks, &ours, &orphans, &leaked, &double)
 	}
 
 	byUID := map[types.UID]admission{}
@@ -274,7 +280,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 		}
 	}
 	return checkResult{
-		counts: []namedCount{notReady, noOwner, terminating, orphans, leaked, double, capm3Up, unanswered},
+		counts: []namedCount{notReady, noOwner, terminating, orphans, leaked, double, ours, capm3Up, unanswered},
 		info:   []namedCount{capm3Recorded, capm3Warned, capm3Down, unansweredInfo},
 	}, nil
 }

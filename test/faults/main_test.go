@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -130,7 +131,7 @@ func setUp(ctx context.Context, dir string) error {
 	// defaults the controllers would take minutes to work through the larger scenarios.
 	opts := stack.Options{QPS: 500, Burst: 1000}
 	ipamOpts := opts
-	ipamOpts.CorrectedIPAM = correctedIPAM()
+	ipamOpts.CorrectedIPAM = ipamCorrections
 	if controllerLinks, err = cp.StartFaultProxy("controllers-proxy", cp.Kubeconfig, 1); err != nil {
 		return err
 	}
@@ -234,6 +235,18 @@ var runSeed = func() uint64 {
 	return uint64(time.Now().UnixNano())
 }()
 
-// correctedIPAM is FAULTS_IPAM=corrected: the Metal3 IPAM's place is taken by the corrected test
-// double of stack.Options' CorrectedIPAM, which the report names.
-func correctedIPAM() bool { return os.Getenv("FAULTS_IPAM") == "corrected" }
+// ipamCorrections are, with FAULTS_IPAM=corrected, the corrections of the test double that takes
+// the Metal3 IPAM's place (stack.Options' CorrectedIPAM): FAULTS_IPAM_CORRECTIONS, by default those
+// of the races the page names. The report lists them.
+var ipamCorrections = func() stack.Corrections {
+	if os.Getenv("FAULTS_IPAM") != "corrected" {
+		return nil
+	}
+	cs, err := stack.ParseCorrections(cmp.Or(os.Getenv("FAULTS_IPAM_CORRECTIONS"), "named"))
+	if err != nil {
+		panic(fmt.Sprintf("FAULTS_IPAM_CORRECTIONS: %v", err))
+	}
+	return cs
+}()
+
+func correctedIPAM() bool { return len(ipamCorrections) > 0 }

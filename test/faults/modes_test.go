@@ -23,6 +23,8 @@ var failureModes = []failureMode{
 		"the webhook releases the second one of the claims it created; of others, delete the IPAddress the claim's status does not name"},
 	{invDoubleAllocation, "one address is given to two claims: two machines could get the same IP", "the Metal3 IPAM, which keys addresses by claim name",
 		"the JSON beside this page names the claims; delete the one whose Metal3Data is not Ready, and the IPAM allocates it anew"},
+	{invOursAddresses, "one of the four above, on a claim the webhook created", "the IPAM's races against the released IPAM (as on CAPM3's claims); the webhook's against the corrected double, where the goal is none",
+		"as for the count it is one of; report it when the corrected double shows one"},
 	{invCAPM3Claims, "CAPM3 created a claim the webhook should have: that machine gets no gain, and no harm", "the webhook's",
 		"nothing; the skip reasons in docs/troubleshooting.md say why"},
 	{invUnanswered, "an admission was not answered, no fault injected: its Metal3Data waited for the webhook's timeout", "the webhook's",

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
@@ -23,40 +24,99 @@ import (
 )
 
 // The corrected IPAM is a test double, never shipped: the Metal3 IPAM v1.13.2's own code, run with
-// the races the fault suite drives it into taken out, so that what the suite still finds is
-// ours:
-//   - two IPPool controllers reconcile every claim of a pool, each from its own snapshot: only
-//     the IPClaim one runs;
-//   - the pool's status.allocations, keyed by claim name, and the claims are read from the cache:
-//     a claim created again under the name of one just freed is answered with the freed address.
-//     They are read live, and one controller serialises a pool's passes;
-//   - the IPAddress is created before the claim's finalizer is saved: a claim deleted in between
-//     can no longer take the finalizer, and nobody frees the address. The finalizer is saved
-//     first, on the claim the address names (same UID, not being deleted), or nothing is created;
-//     and taken off again when the create fails (a namespace being deleted refuses new objects):
-//     the pool counts its IPAddresses, not its claims' finalizers, before it lets itself go, and a
-//     claim keeping a finalizer of a pool that is gone stays Terminating for ever. Only a claim
-//     someone still holds (a finalizer, as CAPM3 keeps until it releases the claim) takes it:
-//     a DELETE that read the claim without finalizers removes it even after one is saved
-//     (kubernetes/kubernetes#77988), and nobody would free the address;
-//   - for the same reason, a pool being deleted lets itself go once it counts no IPAddress, while
-//     claims of it may still carry its finalizer: the pool keeps its own finalizer until none
-//     does, and its next passes, woken by the claims' deletion, free them;
-//   - the IPAM patches the claims it listed at the start of a pass by name: a claim deleted and
-//     created again meanwhile takes the old one's finalizer and error, and is never answered.
-//     Its patches of a claim are bound to the claim's UID.
+// some of the races the fault suite drives it into taken out, so that what the suite still finds
+// is ours. Each Correction is one change; Options.CorrectedIPAM picks them.
 
-// correctedIPAMClient wraps the IPAM's client: uncached reads of what allocation depends on, the
-// claim's finalizer saved before its IPAddress is created, and patches bound to the claim read.
-func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, error) {
-	if o.Cache == nil {
-		o.Cache = &client.CacheOptions{}
+// Correction is one change the corrected IPAM makes to the Metal3 IPAM v1.13.2.
+type Correction string
+
+// The corrections.
+const (
+	OnePoolController  Correction = "one-pool-controller"
+	LiveReads          Correction = "live-reads"
+	FinalizerFirst     Correction = "finalizer-first"
+	HeldClaimsOnly     Correction = "held-claims-only"
+	PoolWaitsForClaims Correction = "pool-waits-for-claims"
+	UIDBoundPatches    Correction = "uid-bound-patches"
+)
+
+// Corrections is a set of corrections; empty, the Metal3 IPAM as its main.go runs it.
+type Corrections []Correction
+
+// Has tells whether the set makes the correction.
+func (cs Corrections) Has(c Correction) bool { return slices.Contains(cs, c) }
+
+// NamedRaces are the corrections of the races the fault suite names: two IPPool controllers,
+// reads from a lagging cache, the IPAddress created before the claim's finalizer is saved. The
+// others stay in, so that the webhook's surplus and stray-address handling still run.
+var NamedRaces = Corrections{OnePoolController, LiveReads, FinalizerFirst}
+
+// Describe says what the correction changes and the race it takes out, for the fault suite's page.
+var Describe = map[Correction]string{
+	OnePoolController: "Only the IPPool controller for IPClaims runs. The released IPAM runs two, which " +
+		"reconcile every claim of a pool, each from its own snapshot: both can allocate for one claim, " +
+		"which then holds two IPAddresses. IPAddressClaims of a Metal3 IPPool are then served only when " +
+		"an IPClaim or the pool changes.",
+	LiveReads: "IPPools, IPClaims and IPAddresses are read from the API server, not the IPAM's cache " +
+		"(with their TypeMeta set, which the IPAM builds owner references from), and one controller " +
+		"serialises a pool's passes. The released IPAM reads the pool's status.allocations, keyed by " +
+		"claim name, and the claims from its cache: a claim created again under the name of one just " +
+		"freed is answered with the freed address.",
+	FinalizerFirst: "The IPAM's finalizer is saved on the claim the IPAddress names (same UID, not " +
+		"being deleted) before the IPAddress is created, and taken off again when the create fails (a " +
+		"namespace being deleted refuses new objects). The released IPAM creates the IPAddress first: " +
+		"a claim deleted in between can no longer take the finalizer, and nobody frees the address.",
+	HeldClaimsOnly: "The finalizer is saved only on a claim that still carries another (as CAPM3's, " +
+		"until it releases the claim): a DELETE that read the claim without finalizers removes it even " +
+		"after one is saved (kubernetes/kubernetes#77988), and nobody would free the address. It also " +
+		"refuses a claim the webhook released and finished, whose strays the webhook would release.",
+	PoolWaitsForClaims: "A pool being deleted keeps its finalizer until no claim of it carries the " +
+		"IPAM's; its next passes, woken by the claims' deletion, free them. The released IPAM lets a " +
+		"pool go once it counts no IPAddress, and a claim that keeps the finalizer of a pool that is " +
+		"gone stays Terminating for ever.",
+	UIDBoundPatches: "The IPAM's patches of a claim are bound to the UID it listed. The released IPAM " +
+		"patches the claims it listed at the start of a pass by name: a claim deleted and created " +
+		"again meanwhile takes the old one's finalizer and error, and is never answered.",
+}
+
+// ParseCorrections reads a comma-separated list of corrections; "named" stands for NamedRaces and
+// "all" for every correction.
+func ParseCorrections(list string) (Corrections, error) {
+	var cs Corrections
+	for name := range strings.SplitSeq(list, ",") {
+		switch c := Correction(strings.TrimSpace(name)); {
+		case c == "named":
+			cs = append(cs, NamedRaces...)
+		case c == "all":
+			cs = append(cs, OnePoolController, LiveReads, FinalizerFirst, HeldClaimsOnly, PoolWaitsForClaims, UIDBoundPatches)
+		case Describe[c] != "":
+			cs = append(cs, c)
+		default:
+			return nil, fmt.Errorf("unknown IPAM correction %q", name)
+		}
 	}
-	o.Cache.DisableFor = append(o.Cache.DisableFor, &ipamv1.IPPool{}, &ipamv1.IPClaim{}, &ipamv1.IPAddress{})
-	c, err := client.NewWithWatch(cfg, o)
-	if err != nil {
-		return nil, err
+	slices.Sort(cs)
+	return slices.Compact(cs), nil
+}
+
+// correctedIPAMClient returns the IPAM's client with the corrections that act through it.
+func correctedIPAMClient(fixes Corrections) func(*rest.Config, client.Options) (client.Client, error) {
+	return func(cfg *rest.Config, o client.Options) (client.Client, error) {
+		if o.Cache == nil {
+			o.Cache = &client.CacheOptions{}
+		}
+		if fixes.Has(LiveReads) {
+			o.Cache.DisableFor = append(o.Cache.DisableFor, &ipamv1.IPPool{}, &ipamv1.IPClaim{}, &ipamv1.IPAddress{})
+		}
+		c, err := client.NewWithWatch(cfg, o)
+		if err != nil {
+			return nil, err
+		}
+		return interceptor.NewClient(c, correctedFuncs(c, fixes)), nil
 	}
+}
+
+func correctedFuncs(c client.WithWatch, fixes Corrections) interceptor.Funcs {
 	// The IPAM builds owner references from the TypeMeta of what it reads, which only the cache
 	// sets.
 	typed := func(obj runtime.Object) error {
@@ -68,7 +128,7 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 		return nil
 	}
 	listed := &listedClaims{uids: map[string]types.UID{}}
-	return interceptor.NewClient(c, interceptor.Funcs{
+	return interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 			if err := c.Get(ctx, key, obj, opts...); err != nil {
 				return err
@@ -88,10 +148,10 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 		},
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 			address, ok := obj.(*ipamv1.IPAddress)
-			if !ok {
+			if !ok || !fixes.Has(FinalizerFirst) {
 				return c.Create(ctx, obj, opts...)
 			}
-			claim, added, err := finalizeClaimFirst(ctx, c, address)
+			claim, added, err := finalizeClaimFirst(ctx, c, address, fixes.Has(HeldClaimsOnly))
 			if err != nil {
 				return err
 			}
@@ -104,15 +164,18 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 			return err
 		},
 		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-			if pool, ok := obj.(*ipamv1.IPPool); ok {
+			if pool, ok := obj.(*ipamv1.IPPool); ok && fixes.Has(PoolWaitsForClaims) {
 				if err := poolMayGo(ctx, c, pool); err != nil {
 					return err
 				}
 			}
-			return c.Patch(ctx, obj, sameClaim(obj, patch), opts...)
+			if fixes.Has(UIDBoundPatches) {
+				patch = sameClaim(obj, patch)
+			}
+			return c.Patch(ctx, obj, patch, opts...)
 		},
 		SubResourcePatch: func(ctx context.Context, c client.Client, subResource string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			if claim, ok := obj.(*ipamv1.IPClaim); ok && subResource == "status" && listed.uid(claim) != "" {
+			if claim, ok := obj.(*ipamv1.IPClaim); ok && subResource == "status" && fixes.Has(UIDBoundPatches) && listed.uid(claim) != "" {
 				// The status subresource ignores metadata: a test of the UID guards it instead.
 				// Only the IPAM writes an IPClaim's status, so it is written whole.
 				ops, err := json.Marshal([]map[string]any{{"op": "test", "path": "/metadata/uid", "value": listed.uid(claim)}, {"op": "add", "path": "/status", "value": claim.Status}})
@@ -123,7 +186,7 @@ func correctedIPAMClient(cfg *rest.Config, o client.Options) (client.Client, err
 			}
 			return c.SubResource(subResource).Patch(ctx, obj, patch, opts...)
 		},
-	}), nil
+	}
 }
 
 // listedClaims remembers the UID of each IPClaim version the IPAM listed: the patch helper it
@@ -204,15 +267,16 @@ func poolMayGo(ctx context.Context, c client.Client, pool *ipamv1.IPPool) error 
 
 // finalizeClaimFirst saves the IPAM's finalizer on the claim address is for, from a live read and
 // while its finalizers are still those read, or fails when that claim is gone, replaced, being
-// deleted or held by nobody; the IPAM then retries the pool. It returns the claim and whether the
-// finalizer was added here.
-func finalizeClaimFirst(ctx context.Context, c client.Client, address *ipamv1.IPAddress) (*ipamv1.IPClaim, bool, error) {
+// deleted or, with heldOnly, held by nobody; the IPAM then retries the pool. It returns the claim
+// and whether the finalizer was added here.
+func finalizeClaimFirst(ctx context.Context, c client.Client, address *ipamv1.IPAddress, heldOnly bool) (*ipamv1.IPClaim, bool, error) {
 	i := slices.IndexFunc(address.OwnerReferences, func(ref metav1.OwnerReference) bool { return ref.Kind == "IPClaim" })
 	if i < 0 {
 		return nil, false, fmt.Errorf("IPAddress %s/%s names no IPClaim owner", address.Namespace, address.Name)
 	}
 	owner := address.OwnerReferences[i]
 	claim := &ipamv1.IPClaim{}
+	// Without LiveReads this is the IPAM's cache: the patch's tests refuse what it missed.
 	if err := c.Get(ctx, types.NamespacedName{Namespace: address.Namespace, Name: owner.Name}, claim); err != nil {
 		return nil, false, fmt.Errorf("reading IPClaim %s/%s before creating its IPAddress: %w", address.Namespace, owner.Name, err)
 	}
@@ -223,7 +287,7 @@ func finalizeClaimFirst(ctx context.Context, c client.Client, address *ipamv1.IP
 	if slices.Contains(claim.Finalizers, ipamv1.IPClaimFinalizer) {
 		return claim, false, nil
 	}
-	if len(claim.Finalizers) == 0 {
+	if heldOnly && len(claim.Finalizers) == 0 {
 		return nil, false, apierrors.NewConflict(ipamv1.GroupVersion.WithResource("ipclaims").GroupResource(), claim.Name,
 			fmt.Errorf("nobody holds the IPClaim the address was allocated for: it is being let go"))
 	}

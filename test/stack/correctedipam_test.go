@@ -25,7 +25,7 @@ import (
 func TestCorrectedIPAMFinalizesTheClaimFirst(t *testing.T) {
 	ctx := context.Background()
 	// No namespace controller: a deleted namespace stays Terminating, its claims with it.
-	cp, c := startWithCorrectedClient(t)
+	cp, c := startWithCorrectedClient(t, FinalizerFirst)
 	const keep = "metal3data.infrastructure.cluster.x-k8s.io"
 	for _, tc := range []struct {
 		name                       string
@@ -85,7 +85,7 @@ func TestCorrectedIPAMFinalizesTheClaimFirst(t *testing.T) {
 // (kubernetes/kubernetes#77988), and no IPAddress may outlive its claim then.
 func TestCorrectedIPAMFinalizesOnlyAHeldClaim(t *testing.T) {
 	ctx := context.Background()
-	cp, c := startWithCorrectedClient(t)
+	cp, c := startWithCorrectedClient(t, FinalizerFirst, HeldClaimsOnly)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "corrected-"}}
 	if err := cp.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
@@ -152,7 +152,7 @@ func TestCorrectedIPAMFinalizesOnlyAHeldClaim(t *testing.T) {
 // finalizer and error and never be answered.
 func TestCorrectedIPAMPatchesOnlyTheClaimItRead(t *testing.T) {
 	ctx := context.Background()
-	cp, c := startWithCorrectedClient(t)
+	cp, c := startWithCorrectedClient(t, UIDBoundPatches)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "corrected-"}}
 	if err := cp.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func TestCorrectedIPAMPatchesOnlyTheClaimItRead(t *testing.T) {
 // of it carries the IPAM's, and lets it go once none does.
 func TestCorrectedIPAMPoolWaitsForItsClaims(t *testing.T) {
 	ctx := context.Background()
-	cp, c := startWithCorrectedClient(t)
+	cp, c := startWithCorrectedClient(t, PoolWaitsForClaims)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "corrected-"}}
 	if err := cp.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
@@ -261,17 +261,35 @@ func TestCorrectedIPAMPoolWaitsForItsClaims(t *testing.T) {
 }
 
 // startWithCorrectedClient starts a control plane without controllers and returns it with the
-// corrected IPAM's client.
-func startWithCorrectedClient(t *testing.T) (*harness.ControlPlane, client.Client) {
+// corrected IPAM's client, making fixes.
+func startWithCorrectedClient(t *testing.T, fixes ...Correction) (*harness.ControlPlane, client.Client) {
 	t.Helper()
 	cp, err := harness.Start(context.Background(), harness.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cp.Stop)
-	c, err := correctedIPAMClient(cp.Config, client.Options{Scheme: fixtures.Scheme()})
+	c, err := correctedIPAMClient(fixes)(cp.Config, client.Options{Scheme: fixtures.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cp, c
+}
+
+// TestParseCorrections: the fault suite's FAULTS_IPAM_CORRECTIONS, every correction described.
+func TestParseCorrections(t *testing.T) {
+	all, err := ParseCorrections("all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != len(Describe) {
+		t.Errorf("all is %v; described: %d", all, len(Describe))
+	}
+	named, err := ParseCorrections("named, uid-bound-patches,live-reads")
+	if want := (Corrections{FinalizerFirst, LiveReads, OnePoolController, UIDBoundPatches}); err != nil || !slices.Equal(named, want) {
+		t.Errorf("named plus two: %v, %v; want %v", named, err, want)
+	}
+	if _, err := ParseCorrections("named,no-such"); err == nil {
+		t.Error("an unknown correction was accepted")
+	}
 }

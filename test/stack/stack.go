@@ -82,10 +82,9 @@ type Options struct {
 	// HoldMetal3Data keeps the Metal3Data controller's reconciles waiting until
 	// CAPM3.ReleaseMetal3Data, as when its queue is behind, while the template controller works.
 	HoldMetal3Data bool
-	// CorrectedIPAM runs the corrected IPAM test double (see correctedipam.go) instead of the
-	// Metal3 IPAM as its main.go runs it: IPAddressClaims of a Metal3 IPPool are then served only
-	// when an IPClaim or the pool changes.
-	CorrectedIPAM bool
+	// CorrectedIPAM runs the corrected IPAM test double with these corrections (correctedipam.go)
+	// instead of the Metal3 IPAM as its main.go runs it.
+	CorrectedIPAM Corrections
 }
 
 func (o Options) cache() (cache.Options, error) {
@@ -488,8 +487,8 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 		return nil, err
 	}
 	newClient := client.New
-	if opts.CorrectedIPAM {
-		newClient = correctedIPAMClient
+	if len(opts.CorrectedIPAM) > 0 {
+		newClient = correctedIPAMClient(opts.CorrectedIPAM)
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  s,
@@ -516,7 +515,7 @@ func StartIPAM(ctx context.Context, cfg *rest.Config, opts Options) (*Running, e
 		ManagerFactory: ipam.NewManagerFactory(mgr.GetClient()),
 		Log:            ctrl.Log.WithName("controllers").WithName("IPPoolForIPAddressClaim"),
 	}
-	if !opts.CorrectedIPAM {
+	if !opts.CorrectedIPAM.Has(OnePoolController) {
 		if err := forAddressClaim.SetupWithManagerForIPAddressClaim(ctx, mgr, opts.controllerOptions()); err != nil {
 			return nil, err
 		}
