@@ -33,26 +33,21 @@ import (
 )
 
 // cached lists what is read through the cache: metadata, but for the template, Metal3Machine and
-// Cluster, the IPClaims' status, which the release reads to tell a busy pool, and with ipamWait the
-// IPAddressClaims' status, which the hand-over waits for too.
-func cached(ipamWait bool) []client.Object {
-	objs := []client.Object{
+// Cluster, and the claims, whose status the release (an IPClaim's busy pool) and the IPAM's
+// answers read, and whose metadata wholeClaims serves from them.
+func cached() []client.Object {
+	return []client.Object{
 		&infrav1.Metal3DataTemplate{},
 		&infrav1.Metal3Machine{},
 		&clusterv1.Cluster{},
 		&ipamv1.IPClaim{},
+		&capipamv1.IPAddressClaim{},
 		allocation.Metadata(infrav1.GroupVersion.WithKind("Metal3DataClaim")),
 		allocation.Metadata(clusterv1.GroupVersion.WithKind("Machine")),
 		allocation.Metadata(bmov1alpha1.GroupVersion.WithKind("BareMetalHost")),
-		allocation.Metadata(allocation.IPClaimGVK),
-		allocation.Metadata(allocation.IPAddressClaimGVK),
 		allocation.Metadata(allocation.Metal3DataGVK),
 		allocation.Metadata(allocation.Metal3AddressGVK),
 	}
-	if ipamWait {
-		objs = append(objs, &capipamv1.IPAddressClaim{})
-	}
-	return objs
 }
 
 // watchCached gets the informers of objs before the manager starts, which makes them part of the
@@ -108,7 +103,7 @@ func cacheOptions(o options) cache.Options {
 	}
 	if o.watchFilter != "" {
 		selector := labels.SelectorFromSet(labels.Set{clusterv1.WatchLabel: o.watchFilter})
-		// By kind: the informers of whole claims share it with the metadata ones.
+		// By kind, so that the whole claims' informers, which serve their metadata too, have it.
 		for _, obj := range []client.Object{
 			allocation.Metadata(allocation.Metal3DataGVK), allocation.Metadata(allocation.IPClaimGVK), allocation.Metadata(allocation.IPAddressClaimGVK),
 		} {

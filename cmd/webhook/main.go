@@ -117,7 +117,7 @@ func run(ctx context.Context, o options) error {
 	if err := refuseSecondInstall(ctx, mgr.GetAPIReader(), os.Getenv("POD_NAMESPACE")); err != nil {
 		return err
 	}
-	if err := watchCached(ctx, mgr, cached(o.ipamWait > 0)); err != nil {
+	if err := watchCached(ctx, mgr, cached()); err != nil {
 		return err
 	}
 	creations, err := setupCreations(ctx, mgr, o)
@@ -181,6 +181,7 @@ func newManager(o options) (ctrl.Manager, error) {
 		// A replaced or restarted leader hands the lease on at once instead of letting it expire.
 		LeaderElectionReleaseOnCancel: true,
 		Cache:                         cacheOptions(o),
+		NewCache:                      newCache,
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Host:    o.webhookHost,
 			Port:    o.webhookPort,
