@@ -2,7 +2,6 @@ package faults
 
 import (
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -205,21 +204,11 @@ func TestCheckPreallocatedShareByClaimUID(t *testing.T) {
 	}
 }
 
-// TestCheckUpperBoundPerData: no event in n Metal3Data bounds the rate by about 3/n; more events
-// raise the bound above their observed rate.
-func TestCheckUpperBoundPerData(t *testing.T) {
-	if b := upperBoundPerData(0, 100); math.Abs(b-0.02996) > 0.0001 {
-		t.Errorf("0 in 100: %.5f, want 0.02996", b)
-	}
-	if b := upperBoundPerData(5, 100); b <= 0.05 || math.Abs(b-0.10513) > 0.0001 {
-		t.Errorf("5 in 100: %.5f, want 0.10513", b)
-	}
-	res := &scenarioResult{perTrial: []trialCounts{{stored: 50, counts: map[string]int64{invOrphanAddress: 1}}, {stored: 50, counts: map[string]int64{}}}}
-	table := strings.Join(perTrialTable(res, []string{invOrphanAddress}), "\n")
-	for _, want := range []string{"| 1 |  | 50 | 1 |", "| 2 |  | 50 | 0 |", "| all | | 100 | 1 |", "| 95% upper bound per Metal3Data | | | 0.0474 |"} {
-		if !strings.Contains(table, want) {
-			t.Errorf("per-trial table lacks %q:\n%s", want, table)
-		}
+// TestCheckTrialLoads: the page gives each trial's load on one line.
+func TestCheckTrialLoads(t *testing.T) {
+	res := &scenarioResult{perTrial: []trialCounts{{load: "1.0→2.0"}, {load: "0.5→1.5"}}}
+	if got, want := trialLoads(res), "- load (1 min) of each trial, at its start → after its stream: 1.0→2.0, 0.5→1.5"; got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }
 
@@ -389,4 +378,50 @@ func TestCheckReportListsTheIPAMCorrections(t *testing.T) {
 			t.Errorf("%s listed: %v, made: %v", c, listed, stack.NamedRaces.Has(c))
 		}
 	}
+}
+
+// TestCheckPageSize: the page of a full run, every scenario with its baseline and the trials the
+// criterion may need, stays within 25 KB; what grows with the trials goes to the JSON.
+func TestCheckPageSize(t *testing.T) {
+	saved := cp
+	defer func() { cp = saved }()
+	cp = &harness.ControlPlane{Root: t.TempDir()}
+	const trials = 20
+	r := &suiteReport{started: time.Now()}
+	for _, s := range scenarios {
+		arms := []bool{false}
+		if s.compared != nil {
+			arms = append(arms, true)
+		}
+		for _, stock := range arms {
+			res := &scenarioResult{name: s.name, title: s.title, control: stock, compared: s.compared, trials: trials, admitted: 100 * trials}
+			if stock {
+				res.name += "-stock"
+			}
+			res.faults = []namedCount{{name: "SIGKILL of the leader", n: 90}, {name: "SIGKILL of the other replica (or of one while none led)", n: 230}}
+			res.info = []namedCount{{name: "claims created by CAPM3 while the webhook was down", n: 70}, {name: "admissions the webhook did not answer (a replica or its API was faulted)", n: 35}}
+			for range trials {
+				// Stock's own problems under churn, in every trial.
+				counts := map[string]int64{invOrphanAddress: 2, invNamespaces: 1, invNotReady: 1}
+				res.perTrial = append(res.perTrial, trialCounts{load: "2.7→3.6", stored: 100, counts: counts,
+					figures: []string{strings.Repeat("a figure of the trial ", 10)}, evidence: map[string][]string{invOrphanAddress: {strings.Repeat("evidence ", 20)}}})
+			}
+			for n, k := range res.perTrial[0].counts {
+				res.counts = append(res.counts, namedCount{name: n, n: k * trials})
+			}
+			r.results = append(r.results, res)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "reliability.md")
+	if err := r.write(path, sizes{name: "full", trials: trials}, false); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Size() > 25000 {
+		t.Errorf("the page is %d bytes, want at most 25000", info.Size())
+	}
+	t.Logf("page: %d bytes", info.Size())
 }

@@ -2,10 +2,10 @@ package faults
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/metal3-community/ip-preallocator/test/stack"
-	"gonum.org/v1/gonum/stat/distuv"
 )
 
 // scenarioResult sums a scenario's trials.
@@ -32,7 +31,6 @@ type scenarioResult struct {
 	attempts    int
 	counts      []namedCount
 	info        []namedCount
-	figures     []string
 	// tables are the scenario's Markdown tables, one per trial.
 	tables [][]string
 	// perTrial are each trial's Metal3Data stored and invariant counts.
@@ -49,17 +47,8 @@ type trialCounts struct {
 	capacity map[string]int64
 	// evidence is, per count, the first of its events.
 	evidence map[string][]string
-}
-
-// upperBoundPerData is the one-sided 95% upper confidence bound of the rate of a count per
-// stored Metal3Data, k events in n Metal3Data taken as a Poisson count: 3/n when k is 0 (the rule
-// of three), chi²(0.95; 2(k+1))/2 / n in general. It is what a run can claim: that with or without
-// the webhook the true rate is below it.
-func upperBoundPerData(k int64, n int) float64 {
-	if n == 0 {
-		return math.Inf(1)
-	}
-	return distuv.ChiSquared{K: float64(2 * (k + 1))}.Quantile(0.95) / 2 / float64(n)
+	// figures are what the trial measured besides its counts.
+	figures []string
 }
 
 type suiteReport struct {
@@ -122,14 +111,8 @@ func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount,
 			trial.evidence[c.name] = c.evidence
 		}
 	}
+	trial.figures = slices.Clone(sc.figures)
 	res.perTrial = append(res.perTrial, trial)
-	prefix := ""
-	if size.trials > 1 {
-		prefix = fmt.Sprintf("trial %d: ", res.trials)
-	}
-	for _, f := range sc.figures {
-		res.figures = append(res.figures, prefix+f)
-	}
 	if len(sc.table) > 0 {
 		res.tables = append(res.tables, slices.Clone(sc.table))
 	}
@@ -222,30 +205,17 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("Every random choice of the run follows from its seed, %d (`FAULTS_SEED=%d` repeats them); a", runSeed, runSeed)
 	p("scenario's trial and its baseline's make the same choices.")
 	p("")
-	p("The suite runs etcd, kube-apiserver and")
-	p("kube-controller-manager (garbage collector and namespace controller), CAPM3 v1.13.2's Metal3Data")
-	p("controller and the Metal3 IPAM in-process, the Cluster API in-cluster IPAM provider, and two")
-	p("webhook replicas under leader election behind a loopback load balancer, as a Deployment with a")
-	p("Service runs them, with `--release-grace-period=%v`. The suite creates the Metal3Data itself, to", gracePeriod)
-	p("control names and timing, and stands in for CAPM3's Metal3DataTemplate controller only where")
-	p("deletion needs its finalizers. Each scenario runs a stream of Metal3Data")
-	p("while it injects its faults, then checks, within the grace period plus %v of its last action", settleAfterGrace)
-	p("(or, while the count of problems keeps falling, until it stops falling for %v, at most %v),", settleAfterGrace, settleMax)
-	p("the invariants below, and deletes its namespaces. A scenario with a baseline also runs in")
-	p("namespaces the webhook does not serve (stock CAPM3 and the IPAMs alone, under the same churn,")
-	p("faults and random choices), each trial at the same time as the webhook's where scenarios run")
-	p("side by side, and alternating with it, nothing else running, where a scenario runs alone")
-	p("(it faults the replicas, or measures latency): there, the counts stock shows")
-	p("too (Metal3Data not Ready, claims Terminating, IPAddresses whose claim is gone, claims holding")
-	p("a second IPAddress, addresses given to two claims, namespaces slow or stuck) must not be worse than")
-	p("stock's by the criterion above. Every other count, and every count of a scenario without a")
-	p("baseline, must be 0.")
-	p("Each Metal3Data has claims in two Metal3 IPPools (IPClaims); %.0f%% of them (%.0f%% in the", 100*inClusterShare, 100*concurrentInClusterShare)
-	p("concurrent scenario, all in the recreate scenario, none in leader-loss) also one in an InClusterIPPool (an")
-	p("IPAddressClaim). The in-cluster IPAM provider handles one claim at a time (one worker, no client")
-	p("rate limit: ctrl.GetConfigOrDie leaves QPS at -1), with no flag to raise it; with more of its")
-	p("claims it alone would keep Metal3Data from being Ready,")
-	p("and namespaces from being deleted, for longer than the checks allow.")
+	p("The suite runs etcd, kube-apiserver, kube-controller-manager (garbage collector, namespace")
+	p("controller), CAPM3 v1.13.2's Metal3Data controller and the Metal3 IPAM in-process, the in-cluster")
+	p("IPAM provider, and two webhook replicas under leader election behind a load balancer, with")
+	p("`--release-grace-period=%v`. It creates the Metal3Data itself, to control names and timing.", gracePeriod)
+	p("Each scenario streams Metal3Data while it injects its faults, checks the invariants within the")
+	p("grace period plus %v of its last action (while problems keep falling, until they stop for %v,", settleAfterGrace, settleAfterGrace)
+	p("at most %v), and deletes its namespaces. A baseline runs the same trial, faults and random", settleMax)
+	p("choices in namespaces the webhook does not serve, beside the webhook's arm, or alternating with")
+	p("it, nothing else running, where the scenario faults the replicas or measures latency.")
+	p("Each Metal3Data has claims in two Metal3 IPPools; %.0f%% (%.0f%% in concurrent, all in recreate,", 100*inClusterShare, 100*concurrentInClusterShare)
+	p("none in leader-loss) one in an InClusterIPPool too, whose provider handles one claim at a time.")
 	p("")
 	p("The run took %v, of which %v to set up.", wall.Round(time.Second), r.setUp.Round(time.Second))
 	p("")
@@ -259,14 +229,15 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("%s", header)
 	p("%s", rule)
 	for _, res := range r.results {
+		if res.control {
+			// Its counts compared to the webhook's are in the comparisons above.
+			continue
+		}
 		var injected int64
 		for _, f := range res.faults {
 			injected += f.n
 		}
 		name := res.name
-		if res.control {
-			name += " (baseline: no webhook)"
-		}
 		row := fmt.Sprintf("| %s | %d | %d | %d |", name, res.trials, injected, res.admitted)
 		for _, n := range names {
 			row += fmt.Sprintf(" %d |", countOf(res.counts, n))
@@ -275,34 +246,28 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	}
 	p("")
 	for _, res := range r.results {
+		if res.control {
+			continue
+		}
 		p("## %s", res.name)
 		p("")
 		p("%s", res.title)
 		p("")
-		p("- trials: %d, %v in all; Metal3Data creates: %d, stored: %d", res.trials, res.duration.Round(time.Second), res.attempts, res.admitted)
-		var faults []string
-		for _, f := range res.faults {
-			faults = append(faults, fmt.Sprintf("%s %d", f.name, f.n))
+		for _, line := range armLines(res, names) {
+			p("%s", line)
 		}
-		p("- faults injected: %s", strings.Join(faults, ", "))
-		for _, c := range res.counts {
-			if !slices.Contains(names, c.name) {
-				p("- %s (must be 0): %d", c.name, c.n)
+		p("%s", trialLoads(res))
+		if base := baselineOf(r.results, res); base != nil {
+			line := fmt.Sprintf("- its baseline (stock CAPM3 and the IPAMs alone, the same workload and faults): %d trials, %d Metal3Data stored", base.trials, base.admitted)
+			for _, c := range base.info {
+				line += fmt.Sprintf("; %s: %d", c.name, c.n)
 			}
-		}
-		for _, c := range res.info {
-			p("- %s: %d", c.name, c.n)
-		}
-		p("")
-		for _, line := range perTrialTable(res, names) {
 			p("%s", line)
 		}
 		p("")
-		for _, f := range res.figures {
-			p("- %s", f)
-		}
-		p("")
 	}
+	p("Each trial's counts, figures and first events: the JSON beside this page.")
+	p("")
 	p("## Machine")
 	p("")
 	for _, line := range machine() {
@@ -318,8 +283,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("make faults-corrected-ipam   # the same against the corrected IPAM test double")
 	p("```")
 	p("")
-	p("Logs of every replica (`replica-<i>.log`, one section per start), kube-controller-manager, the")
-	p("in-cluster IPAM and the in-process controllers are kept in the directory the run prints.")
+	p("Logs of every process (a replica's: `replica-<i>.log`) stay in the directory the run prints.")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
@@ -348,6 +312,7 @@ type trialEvidence struct {
 	Stored   int                 `json:"stored"`
 	Counts   map[string]int64    `json:"counts"`
 	Capacity map[string]int64    `json:"capacity,omitempty"`
+	Figures  []string            `json:"figures,omitempty"`
 }
 
 func (r *suiteReport) writeEvidence(path string, s sizes) error {
@@ -355,7 +320,7 @@ func (r *suiteReport) writeEvidence(path string, s sizes) error {
 	for _, res := range r.results {
 		for i, tr := range res.perTrial {
 			te := trialEvidence{Scenario: strings.TrimSuffix(res.name, "-stock"), Stock: res.control, Trial: i + 1,
-				Load: tr.load, Stored: tr.stored, Counts: tr.counts, Capacity: tr.capacity, Evidence: tr.evidence}
+				Load: tr.load, Stored: tr.stored, Counts: tr.counts, Capacity: tr.capacity, Evidence: tr.evidence, Figures: tr.figures}
 			if i < len(res.tables) {
 				te.Table = res.tables[i]
 			}
@@ -431,10 +396,19 @@ func undecided(results []*scenarioResult) []string {
 }
 
 // againstBaselines is the report's table of the webhook's counts beside stock's, with the
-// criterion's verdict on each.
+// criterion's verdict on each; comparisons without an event in either arm are named after it.
 func againstBaselines(results []*scenarioResult) []string {
 	var lines []string
+	none := map[string][]string{}
+	var order []string
 	eachComparison(results, func(res, stock *scenarioResult, n string, c comparison) {
+		if c.verdict == verdictNoEvents {
+			if none[res.name] == nil {
+				order = append(order, res.name)
+			}
+			none[res.name] = append(none[res.name], n)
+			return
+		}
 		if len(lines) == 0 {
 			lines = []string{"| scenario | count | with the webhook | stock | per 1,000 Metal3Data, with / stock | verdict | z | power against 2× | dispersion |",
 				"|---|---|---:|---:|---:|---|---:|---:|---:|"}
@@ -450,6 +424,12 @@ func againstBaselines(results []*scenarioResult) []string {
 		lines = append(lines, fmt.Sprintf("| %s | %s | %d of %d | %d of %d | %.1f / %.1f | %s | %.2f | %.0f%% | %.1f |", res.name, n, k, res.admitted, stockK, stock.admitted,
 			1000*float64(k)/float64(max(res.admitted, 1)), 1000*float64(stockK)/float64(max(stock.admitted, 1)), verdict, c.z, 100*c.power, c.dispersion))
 	})
+	if len(order) > 0 {
+		lines = append(lines, "", "No event in either arm (a pass):")
+		for _, name := range order {
+			lines = append(lines, fmt.Sprintf("- %s: %s", name, strings.Join(none[name], "; ")))
+		}
+	}
 	return lines
 }
 
@@ -511,20 +491,17 @@ func (r *suiteReport) meaning(passed bool) []string {
 		out = append(out, row("stock CAPM3 and IPAM alone (the baselines)", stockStored, stock))
 	}
 	if !correctedIPAM() {
-		out = append(out, "", fmt.Sprintf("Of the webhook's row, %d were on claims the webhook created, the only count not held to 0 or", ours[invOursAddresses]),
-			"stock's: the released IPAM's races reach them as they reach CAPM3's. Against the corrected IPAM",
-			"test double, which takes those races out, none may be.")
+		out = append(out, "", fmt.Sprintf("Of the webhook's row, %d were on claims the webhook created: the released IPAM's races reach", ours[invOursAddresses]),
+			"them as CAPM3's. Against the corrected double, which takes those races out, none may be.")
 	}
 	out = append(out,
 		"",
-		"The baselines run only the scenarios stock has an equivalent for; the webhook's row also",
-		"counts the one without (a leader's loss). Per scenario, each count held to stock's (for",
-		"Metal3Data rejected after the webhook's mutation, only the namespaces' deletion time: every",
-		"other count must be 0). The criterion, fixed before the run: worse when a one-sided",
-		"quasi-Poisson score test at 5% finds the webhook's rate per stored Metal3Data above stock's,",
-		"with the trial-to-trial variance as its dispersion; a pass needs 80% power against a true",
-		"rate twice stock's where either arm has events. A comparison the webhook's arm could not fail",
-		"even at its most (slow or stuck namespaces: one per namespace) says so and is no pass.",
+		"Baselines run where stock has an equivalent (not leader-loss); rejected-after-mutation is held",
+		"to stock's only in the namespaces' deletion time. The criterion, fixed before the run: worse when",
+		"a one-sided quasi-Poisson score test at 5% finds the webhook's rate per stored Metal3Data above",
+		"stock's, with the trial-to-trial variance as its dispersion; a pass needs 80% power against a",
+		"true 2x where either arm has events. A comparison the webhook's arm could not fail even at its",
+		"most (slow or stuck namespaces: one per namespace) says so and is no pass.",
 		"")
 	if lines := againstBaselines(r.results); len(lines) > 0 {
 		out = append(out, lines...)
@@ -546,37 +523,24 @@ func (r *suiteReport) knownProblems() []string {
 		"webhook does so that it does not add to them:",
 		"",
 		"- **An IPAddress outlives its claim.** The IPAM creates a claim's IPAddress before it saves its",
-		"  finalizer on the claim, from a list of claims it read earlier. A claim deleted in between (a",
-		"  namespace deletion, a person) can no longer take the finalizer (the API server refuses new",
-		"  finalizers on an object being deleted), and the IPAM, which frees an address only from a deleted",
-		"  claim whose last finalizer is its own, never frees it: the address stays taken, and the",
-		"  IPAddress's finalizer keeps its namespace from being deleted. `cd test && go test -v ./ipamrace`",
-		"  reproduces it with the IPAM alone (it prints how many of 40 claims deleted while the IPAM",
-		"  answered them leaked). The webhook keeps a deleted waiting claim of its own for 10 s, and",
-		"  releases, as the IPAM would, any IPAddress the IPAM made for it meanwhile if it never finalized",
-		"  the claim, and both if it made two.",
-		"- **One claim, two addresses.** The IPAM runs two IPPool controllers that both work through every",
-		"  claim of a pool, each from its own list. When the lists differ (claims coming and going), both",
-		"  allocate for the same claim; its status names the last, the other address stays taken, and once",
-		"  the claim is deleted the IPAM, which frees by claim name, frees one of the two. The webhook's",
-		"  leader releases the address the status does not name for the claims the webhook created, once",
-		"  both are 10 s old, unless their Metal3Data is already Ready: CAPM3 rendered one of them, so both",
-		"  stay. The same race can answer a claim with an address another claim holds; that one nothing",
-		"  outside the IPAM can undo.",
-		"- **A claim deleted while its Metal3Data lives stays Terminating.** CAPM3 keeps its finalizer on",
-		"  its claims as long as their Metal3Data exists, and the Metal3Data is never Ready without the",
-		"  claim's address. The webhook removes CAPM3's finalizer from a deleted claim that waits for a",
-		"  Metal3Data, from an IPAddressClaim at once, from an IPClaim once the 10 s above have passed and",
-		"  no other IPClaim of its pool waits for the IPAM (at most `--release-hold-limit`), so its own",
-		"  waiting claims do not hang.",
-		"- **A namespace takes more than 30 s to be deleted.** The namespace controller deletes the kinds",
-		"  of a namespace in no fixed order. When it deletes a Metal3Data while its Metal3DataClaim still",
-		"  exists, CAPM3 leaves that Metal3Data, and its claims, until an event on it or on one of its",
-		"  claims wakes CAPM3, at most 30 s (it watches no Metal3DataClaim); and the namespace controller",
-		"  looks again about 8 s after a pass that found objects with finalizers. The webhook's own waiting",
-		"  IPClaims add the 10 s above and, while another IPClaim of their pool waits for the IPAM, until",
-		"  that one is answered or deleted (at most `--release-hold-limit`); its IPAddressClaims add",
-		"  nothing. A late namespace's evidence lists what it still held.",
+		"  finalizer on the claim. A claim deleted in between can no longer take the finalizer, and the IPAM",
+		"  never frees the address; its finalizer holds the namespace. `cd test && go test -v ./ipamrace`",
+		"  reproduces it. The webhook keeps a deleted waiting claim of its own 10 s, and releases as the IPAM",
+		"  would any IPAddress the IPAM made for it if it never finalized the claim, and both if it made two.",
+		"- **One claim, two addresses.** The IPAM's two IPPool controllers both allocate for a claim when",
+		"  their lists of claims differ; the status names the last, and the other address stays taken. The",
+		"  webhook's leader releases the one the status does not name of a claim the webhook created, once",
+		"  both are 10 s old, unless its Metal3Data is Ready (CAPM3 rendered one: both stay). The same race",
+		"  can answer a claim with an address another claim holds; nothing outside the IPAM can undo that.",
+		"- **A claim deleted while its Metal3Data lives stays Terminating**: CAPM3 keeps its finalizer while",
+		"  the Metal3Data exists. The webhook removes it from its own deleted waiting claims (an IPClaim's",
+		"  after the 10 s above, once no other IPClaim of its pool waits for the IPAM, at most",
+		"  `--release-hold-limit`).",
+		"- **A namespace takes more than 30 s to be deleted.** Deleted before its Metal3DataClaim, a",
+		"  Metal3Data waits, with its claims, for an event to wake CAPM3, at most its 30 s requeue; the",
+		"  namespace controller looks again about 8 s after a pass that found finalizers. The webhook's",
+		"  waiting IPClaims add the 10 s and the busy-pool hold above. The evidence lists what a late",
+		"  namespace still held.",
 		"",
 		"`make faults-corrected-ipam` runs this suite against a test double of the IPAM with the races of the",
 		"first two problems taken out (docs/reliability-corrected-ipam.md lists each change it makes); what it",
@@ -607,33 +571,34 @@ func (r *suiteReport) failuresAgainstStock(name string) []string {
 	return failures
 }
 
-// perTrialTable gives each trial's counts, their sum, and the upper bound of each per stored
-// Metal3Data over all trials.
-func perTrialTable(res *scenarioResult, names []string) []string {
-	header, rule := "| trial | load (1 min), start → after the stream | Metal3Data stored |", "|---|---|---:|"
-	for _, n := range names {
-		header += " " + n + " |"
-		rule += "---:|"
+// armLines are the page's lines of one arm of a scenario: what it did, and its counts that are not
+// in the tables.
+func armLines(res *scenarioResult, names []string) []string {
+	var faults []string
+	for _, f := range res.faults {
+		faults = append(faults, fmt.Sprintf("%s %d", f.name, f.n))
 	}
-	lines := []string{header, rule}
-	stored := 0
-	sums := map[string]int64{}
-	for i, tr := range res.perTrial {
-		row := fmt.Sprintf("| %d | %s | %d |", i+1, tr.load, tr.stored)
-		stored += tr.stored
-		for _, n := range names {
-			row += fmt.Sprintf(" %d |", tr.counts[n])
-			sums[n] += tr.counts[n]
+	out := []string{fmt.Sprintf("- trials: %d, %v in all; Metal3Data creates: %d, stored: %d; faults injected: %s",
+		res.trials, res.duration.Round(time.Second), res.attempts, res.admitted, cmp.Or(strings.Join(faults, ", "), "none"))}
+	for _, c := range res.counts {
+		if !slices.Contains(names, c.name) {
+			out = append(out, fmt.Sprintf("- %s (must be 0): %d", c.name, c.n))
 		}
-		lines = append(lines, row)
 	}
-	all := fmt.Sprintf("| all | | %d |", stored)
-	bound := "| 95% upper bound per Metal3Data | | |"
-	for _, n := range names {
-		all += fmt.Sprintf(" %d |", sums[n])
-		bound += fmt.Sprintf(" %.4f |", upperBoundPerData(sums[n], stored))
+	for _, c := range res.info {
+		out = append(out, fmt.Sprintf("- %s: %d", c.name, c.n))
 	}
-	return append(lines, all, bound)
+	return out
+}
+
+// trialLoads is the page's line of the load during each trial; a baseline's trial runs beside or
+// right after the webhook's.
+func trialLoads(res *scenarioResult) string {
+	loads := make([]string, len(res.perTrial))
+	for i, tr := range res.perTrial {
+		loads[i] = tr.load
+	}
+	return "- load (1 min) of each trial, at its start → after its stream: " + strings.Join(loads, ", ")
 }
 
 func countOf(cs []namedCount, name string) int64 {

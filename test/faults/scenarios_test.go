@@ -27,27 +27,32 @@ import (
 	"github.com/metal3-community/ip-preallocator/test/harness"
 )
 
+// scenarioSpec is one scenario of the suite.
+type scenarioSpec struct {
+	name, title string
+	parallel    bool
+	// compared: the counts held to stock's, not to 0. With any, each trial also runs the
+	// scenario in namespaces the webhook does not serve (stock CAPM3 and the IPAMs alone).
+	compared []string
+	run      func(ctx context.Context, sc *scenario)
+}
+
+var scenarios = []scenarioSpec{
+	{"kills", "SIGKILL of the leader and of the other replica at random moments while Metal3Data are admitted, each restarted after a random pause; once per trial both are killed at once and restarted, and once both are restarted gracefully in turn, as in a rollout.", false, comparedToStock, runKills},
+	{"leader-loss", "SIGKILL of the leader while a stream of Metal3Data is admitted (its last hand-overs held, so that it dies with Metal3Data admitted and not handed over); it stays down, as when its node dies, until the other replica holds the lease. Time-to-Ready of the Metal3Data the surviving replica admitted during that election window, against an idle reference (one at a time, no fault) measured in the same run; the Metal3Data the dead leader did not hand over must be handed over by the surviving replica's take-over.", false, nil, runLeaderLoss},
+	{"api-faults", "CAPM3 and the Metal3 IPAM, and each webhook replica, reach the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from the replicas' start-up to the end of the namespace deletion. At the full sizes, against the released IPAM, CAPM3's and the IPAM's links meet the same faults, in both modes; against the corrected IPAM only the replicas' links do, so that what is left is the webhook's.", false, comparedToStock, runAPIFaults},
+	{"concurrent", "Metal3Data created all at once, admitted by both replicas; one in twenty has a claim in the InClusterIPPool.", false, comparedToStock, runConcurrent},
+	{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are. In the baseline the gate rejects half the Metal3Data, chosen the same way, and only the time its namespaces take to be deleted is held to stock's: CAPM3 and the IPAM never see a rejected Metal3Data, so every other count must be 0.", true, []string{invNamespaces, invNamespacesStuck}, runGate},
+	{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, comparedToStock, runRecreate},
+	{"namespaces", "Namespaces are deleted while claims preallocated for rejected Metal3Data wait: half the Metal3Data of each are rejected after our mutation, the others stored, and the namespace is deleted at a random moment up to 0.8 grace periods later. The baseline does the same.", true, comparedToStock, runNamespaces},
+	{"by-hand", "Every Metal3Data is rejected after our mutation, and the claims preallocated for it deleted by hand at a random moment up to 0.6 grace periods later; then half the Metal3Data are created again (the gate opened) and accepted, and the others' Metal3DataClaims deleted. The baseline does the same: there, with no webhook, the claims do not exist when they are deleted.", true, comparedToStock, runByHand},
+}
+
 // TestFaults runs every scenario, each on its own namespaces. Those that fault the webhook
 // itself, and the concurrent one (it measures latency), run alone, one after the other; the others
 // then run in parallel.
 func TestFaults(t *testing.T) {
-	for _, s := range []struct {
-		name, title string
-		parallel    bool
-		// compared: the counts held to stock's, not to 0. With any, each trial also runs the
-		// scenario in namespaces the webhook does not serve (stock CAPM3 and the IPAMs alone).
-		compared []string
-		run      func(ctx context.Context, sc *scenario)
-	}{
-		{"kills", "SIGKILL of the leader and of the other replica at random moments while Metal3Data are admitted, each restarted after a random pause; once per trial both are killed at once and restarted, and once both are restarted gracefully in turn, as in a rollout.", false, comparedToStock, runKills},
-		{"leader-loss", "SIGKILL of the leader while a stream of Metal3Data is admitted (its last hand-overs held, so that it dies with Metal3Data admitted and not handed over); it stays down, as when its node dies, until the other replica holds the lease. Time-to-Ready of the Metal3Data the surviving replica admitted during that election window, against an idle reference (one at a time, no fault) measured in the same run; the Metal3Data the dead leader did not hand over must be handed over by the surviving replica's take-over.", false, nil, runLeaderLoss},
-		{"api-faults", "CAPM3 and the Metal3 IPAM, and each webhook replica, reach the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from the replicas' start-up to the end of the namespace deletion. At the full sizes, against the released IPAM, CAPM3's and the IPAM's links meet the same faults, in both modes; against the corrected IPAM only the replicas' links do, so that what is left is the webhook's.", false, comparedToStock, runAPIFaults},
-		{"concurrent", "Metal3Data created all at once, admitted by both replicas; one in twenty has a claim in the InClusterIPPool.", false, comparedToStock, runConcurrent},
-		{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are. In the baseline the gate rejects half the Metal3Data, chosen the same way, and only the time its namespaces take to be deleted is held to stock's: CAPM3 and the IPAM never see a rejected Metal3Data, so every other count must be 0.", true, []string{invNamespaces, invNamespacesStuck}, runGate},
-		{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, comparedToStock, runRecreate},
-		{"namespaces", "Namespaces are deleted while claims preallocated for rejected Metal3Data wait: half the Metal3Data of each are rejected after our mutation, the others stored, and the namespace is deleted at a random moment up to 0.8 grace periods later. The baseline does the same.", true, comparedToStock, runNamespaces},
-		{"by-hand", "Every Metal3Data is rejected after our mutation, and the claims preallocated for it deleted by hand at a random moment up to 0.6 grace periods later; then half the Metal3Data are created again (the gate opened) and accepted, and the others' Metal3DataClaims deleted. The baseline does the same: there, with no webhook, the claims do not exist when they are deleted.", true, comparedToStock, runByHand},
-	} {
+	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) {
 			if s.parallel {
 				t.Parallel()
@@ -99,7 +104,7 @@ func runArm(t *testing.T, title, name string, trial int, stock bool, compared []
 	started := time.Now()
 	load := loadAverage()
 	run(ctx, sc)
-	sc.load = load + " → " + loadAverage()
+	sc.load = load + "→" + loadAverage()
 	sc.finish(ctx, title, started)
 }
 
@@ -830,7 +835,11 @@ func loadAverage() string {
 	if err != nil {
 		return "?"
 	}
-	return strings.Fields(string(data))[0]
+	load, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
+	if err != nil {
+		return "?"
+	}
+	return strconv.FormatFloat(load, 'f', 1, 64)
 }
 
 func namespace(name string) client.Object {
