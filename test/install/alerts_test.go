@@ -43,7 +43,7 @@ import (
 	"github.com/metal3-community/ip-preallocator/test/harness"
 )
 
-// rulesFile is the one source of the alerts README.md's "Metrics" section describes.
+// rulesFile is the one source of the alerts docs/metrics.md describes.
 const rulesFile = "config/components/prometheus-rules/rules.yaml"
 
 // The alerts the rules file must hold, each tested below.
@@ -124,7 +124,7 @@ func loadRules(t *testing.T) (prometheusRule, []alertRule) {
 }
 
 // TestAlertRules checks the rules file as a file: a PrometheusRule with exactly the alerts tested
-// here, each with a for:, a severity and annotations that say what to do; README.md points at it
+// here, each with a for:, a severity and annotations that say what to do; docs/metrics.md points at it
 // and names the same alerts; make release PROMETHEUS_RULES=true adds it as it is, and only then.
 func TestAlertRules(t *testing.T) {
 	pr, rules := loadRules(t)
@@ -145,24 +145,22 @@ func TestAlertRules(t *testing.T) {
 		t.Errorf("%s alerts %v, want %v", rulesFile, names, alertNames)
 	}
 
-	// README.md: a link to the file, how to enable it, a table of the same alerts, and no copy.
-	readme := repoFile(t, "README.md")
-	_, section, _ := strings.Cut(string(readme), "\n## Metrics\n")
-	section, _, _ = strings.Cut(section, "\n## More")
-	for _, want := range []string{"(" + rulesFile + ")", "PROMETHEUS_RULES=true"} {
+	// docs/metrics.md: a link to the file, how to enable it, a table of the same alerts, and no copy.
+	section := string(repoFile(t, metricsPage))
+	for _, want := range []string{"(../" + rulesFile + ")", "PROMETHEUS_RULES=true"} {
 		if !strings.Contains(section, want) {
-			t.Errorf("README.md's Metrics section lacks %s", want)
+			t.Errorf("%s lacks %s", metricsPage, want)
 		}
 	}
 	if strings.Contains(section, "alert:") || strings.Contains(section, "expr:") {
-		t.Errorf("README.md's Metrics section copies rules: %s is their one source", rulesFile)
+		t.Errorf("%s copies rules: %s is their one source", metricsPage, rulesFile)
 	}
 	var listed []string
 	for _, m := range regexp.MustCompile("(?m)^\\| `(IPPreallocator\\w+)` \\|").FindAllStringSubmatch(section, -1) {
 		listed = append(listed, m[1])
 	}
 	if !slices.Equal(listed, names) {
-		t.Errorf("README.md's alert table lists %v, the rules file %v", listed, names)
+		t.Errorf("%s's alert table lists %v, the rules file %v", metricsPage, listed, names)
 	}
 
 	// The release: PROMETHEUS_RULES=true adds the file's PrometheusRule, into the install's

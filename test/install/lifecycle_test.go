@@ -259,9 +259,9 @@ func testInstall(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 			t.Errorf("metrics lack %s", want)
 		}
 	}
-	// The queries and alerts README.md gives operators select series this install exposes; releases
+	// The queries and alerts docs/metrics.md gives operators select series this install exposes; releases
 	// come with the upgrade.
-	checkReadmeQueries(t, metrics, func(metric string) bool { return metric != "ip_preallocator_releases_total" })
+	checkPageQueries(t, metrics, func(metric string) bool { return metric != "ip_preallocator_releases_total" })
 	return caBundle, pod
 }
 
@@ -380,7 +380,7 @@ func testUpgrade(t *testing.T, dep *harness.Deployment, w *world, dir, version s
 	if !strings.Contains(metrics, `version="`+version+`"} 1`) || !strings.Contains(metrics, `revision="`+headRevision(t)+`"`) {
 		t.Errorf("the new version's metrics lack its build info (version %s, revision %s):\n%s", version, headRevision(t), grep(metrics, "ip_preallocator_build_info"))
 	}
-	checkReadmeQueries(t, metrics, func(metric string) bool { return metric == "ip_preallocator_releases_total" })
+	checkPageQueries(t, metrics, func(metric string) bool { return metric == "ip_preallocator_releases_total" })
 	if data, err := w.admit(ctx, false); err != nil || data.Annotations[allocation.ClaimsAnnotation] == "" {
 		t.Errorf("a Metal3Data after the upgrade was not preallocated: %v", err)
 	}

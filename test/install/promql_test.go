@@ -10,7 +10,7 @@ import (
 	"github.com/metal3-community/ip-preallocator/test/harness"
 )
 
-// selector is one metric selector of a query README.md gives operators.
+// selector is one metric selector of a query docs/metrics.md gives operators.
 type selector struct {
 	text, name string
 	matchers   []matcher
@@ -29,19 +29,22 @@ var (
 	exposedLabels = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
 )
 
-// readmeSelectors reads the selectors of README.md's PromQL blocks and of any alerts it shows.
-func readmeSelectors(t *testing.T) []selector {
+// metricsPage is the operators' page of metrics, queries and alerts.
+const metricsPage = "docs/metrics.md"
+
+// pageSelectors reads the selectors of the metrics page's PromQL blocks and of any alerts it shows.
+func pageSelectors(t *testing.T) []selector {
 	t.Helper()
-	readme := repoFile(t, "README.md")
+	page := repoFile(t, metricsPage)
 	var out []selector
-	for _, block := range fencedBlock.FindAllStringSubmatch(string(readme), -1) {
+	for _, block := range fencedBlock.FindAllStringSubmatch(string(page), -1) {
 		if block[1] == "yaml" && !strings.Contains(block[2], "alert:") {
 			continue
 		}
 		out = append(out, parseSelectors(block[2])...)
 	}
 	if len(out) == 0 {
-		t.Fatal("README.md has no PromQL selectors to check")
+		t.Fatal(metricsPage + " has no PromQL selectors to check")
 	}
 	return out
 }
@@ -96,12 +99,12 @@ func (s selector) matchesLabels(series map[string]string) bool {
 	return true
 }
 
-// checkReadmeQueries checks that the selectors of README.md's queries whose metric which names
+// checkPageQueries checks that the selectors of docs/metrics.md's queries whose metric which names
 // select a series: the webhook's from webhookMetrics, the API server's from its /metrics.
-func checkReadmeQueries(t *testing.T, webhookMetrics string, which func(metric string) bool) {
+func checkPageQueries(t *testing.T, webhookMetrics string, which func(metric string) bool) {
 	t.Helper()
 	var apiServerMetrics string
-	for _, s := range readmeSelectors(t) {
+	for _, s := range pageSelectors(t) {
 		if !which(s.name) {
 			continue
 		}
@@ -113,25 +116,25 @@ func checkReadmeQueries(t *testing.T, webhookMetrics string, which func(metric s
 			exposition = apiServerMetrics
 		}
 		if !s.matchesSeries(exposition) {
-			t.Errorf("README.md's %s matches no series", s.text)
+			t.Errorf("%s: %s matches no series", metricsPage, s.text)
 		}
 	}
 }
 
 func TestReadmeSelectors(t *testing.T) {
 	names := map[string]bool{}
-	for _, s := range readmeSelectors(t) {
+	for _, s := range pageSelectors(t) {
 		names[s.name] = true
 	}
 	// The alerts' selectors are tested in alerts_test.go, from the rules file.
 	for _, want := range []string{"ip_preallocator_admissions_total", "ip_preallocator_releases_total"} {
 		if !names[want] {
-			t.Errorf("README.md's queries: no selector of %s found, only %v", want, names)
+			t.Errorf("%s's queries: no selector of %s found, only %v", metricsPage, want, names)
 		}
 	}
 	for name := range names {
 		if name == "sum" || name == "rate" || name == "increase" || name == "and" {
-			t.Errorf("README.md's queries: %s read as a metric", name)
+			t.Errorf("%s's queries: %s read as a metric", metricsPage, name)
 		}
 	}
 }
