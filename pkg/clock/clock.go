@@ -17,8 +17,8 @@ const (
 	CreatesOnWire = 50 * time.Millisecond
 	// ClaimCreation bounds the creation of one admission's claims, retries included.
 	ClaimCreation = 10 * time.Second
-	// IdleAnswerWait: an admission alone in its namespace waits this long for the IPAM's answers,
-	// which then come before the hand-over and wake no CAPM3 reconcile.
+	// IdleAnswerWait: an idle admission (alone in its namespace, every claim of its replica
+	// answered) waits this long for the IPAM's answers, which then wake no CAPM3 reconcile.
 	IdleAnswerWait = time.Second
 	// IdleAnswerPoll: how often that wait reads the cache; the IPAM answers in tens of milliseconds.
 	IdleAnswerPoll = 5 * time.Millisecond

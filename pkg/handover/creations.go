@@ -80,8 +80,8 @@ func (c *Creations) NeedLeaderElection() bool { return false }
 // It returns once their requests are on the wire, within Wait: the API server stores the
 // Metal3Data only after the answer, and CAPM3 reads two Secrets and the BareMetalHost live before
 // it creates claims, so the creates arrive first; a wait for the stored claims would be paid once
-// per machine, in series, in CAPM3's template loop. Alone in its namespace, it also waits for the
-// IPAM's answers, within IdleWait, when idle.
+// per machine, in series, in CAPM3's template loop. Idle (see IdleWait), it also waits for the
+// IPAM's answers, within IdleWait.
 func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, token, dataToken string, claims []allocation.Claim, warning string) {
 	c.init()
 	now := time.Now()
