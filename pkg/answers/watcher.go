@@ -12,8 +12,6 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/pkg/clock"
@@ -168,17 +166,4 @@ func (w *Watcher) ClaimEvents() toolscache.ResourceEventHandler {
 		UpdateFunc: func(_, obj any) { answered(obj) },
 		DeleteFunc: forget,
 	}
-}
-
-// AnsweredNow passes the event in which a waiting claim is first seen answered by the IPAM: its
-// status, which CAPM3 reads, not its finalizer.
-var AnsweredNow = predicate.Funcs{
-	CreateFunc: func(e event.CreateEvent) bool {
-		return allocation.PhaseOf(e.Object) == allocation.Waiting && allocation.Answered(e.Object)
-	},
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		return allocation.PhaseOf(e.ObjectNew) == allocation.Waiting && !allocation.Answered(e.ObjectOld) && allocation.Answered(e.ObjectNew)
-	},
-	DeleteFunc:  func(event.DeleteEvent) bool { return false },
-	GenericFunc: func(event.GenericEvent) bool { return false },
 }

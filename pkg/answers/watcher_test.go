@@ -15,33 +15,7 @@ import (
 	"github.com/metal3-community/ip-preallocator/internal/controllertest"
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 )
-
-func TestAnsweredNow(t *testing.T) {
-	unanswered := controllertest.WaitingClaim("tmpl-0-a", "t1")
-	answered := unanswered.DeepCopy()
-	answered.Status.Address = &corev1.ObjectReference{Name: "tmpl-0-a-address"}
-	owned := answered.DeepCopy()
-	delete(owned.Annotations, allocation.PreallocatedForAnnotation)
-	owned.OwnerReferences = []metav1.OwnerReference{{Kind: "Metal3Data", Name: "tmpl-0", UID: "data-uid"}}
-	ownedBefore := unanswered.DeepCopy()
-	ownedBefore.Annotations, ownedBefore.OwnerReferences = owned.Annotations, owned.OwnerReferences
-	for _, tc := range []struct {
-		name     string
-		old, new *ipamv1.IPClaim
-		want     bool
-	}{
-		{name: "a waiting claim answered", old: unanswered, new: answered, want: true},
-		{name: "a waiting claim's other write", old: unanswered, new: unanswered, want: false},
-		{name: "an answered claim's later write", old: answered, new: answered, want: false},
-		{name: "an owned claim answered", old: ownedBefore, new: owned, want: false},
-	} {
-		if got := AnsweredNow.Update(event.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.new}); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}
 
 // TestClaimEventsForgetAnswersAndDeletions: a claim leaves the unanswered ones when the IPAM
 // answers it, whatever its kind, when it is deleted (tombstones too), and when admission did not

@@ -46,7 +46,7 @@ type HandOver struct {
 	Recorder   events.EventRecorder
 	Admissions *Admissions
 	Created    <-chan event.GenericEvent
-	// Answers, when set, wakes the hand-over with the IPAM's answers, which it waits for.
+	// Answers, when set, tells which claims the IPAM has not answered; the hand-over waits for them.
 	Answers       *answers.Watcher
 	TakeOverDelay time.Duration
 	IPAMWait      time.Duration
@@ -68,11 +68,8 @@ func (h *HandOver) SetupWithManager(mgr ctrl.Manager) error {
 		For(allocation.Metadata(allocation.Metal3DataGVK), builder.WithPredicates(createOnly)).
 		WatchesRawSource(source.Channel(h.Created, &handler.EnqueueRequestForObject{}))
 	for _, gvk := range index.ClaimGVKs {
+		// The claims' informers hold whole claims: the IPAM's answer is one of their events.
 		b = b.Watches(allocation.Metadata(gvk), handler.EnqueueRequestsFromMapFunc(dataWaitedFor), builder.WithPredicates(stillWaiting))
-		if h.Answers != nil {
-			// The metadata informer can see the IPAM's status write before the whole claim's has it.
-			b = b.Watches(answers.Claim(gvk.Kind), handler.EnqueueRequestsFromMapFunc(dataWaitedFor), builder.WithPredicates(answers.AnsweredNow))
-		}
 	}
 	if err := b.WithOptions(controller.Options{MaxConcurrentReconciles: clock.Concurrency, NeedLeaderElection: ptr.To(false)}).
 		Complete(h); err != nil {
