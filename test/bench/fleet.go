@@ -22,29 +22,29 @@ const (
 // settleFleet waits until no IPAM writes to the standing fleet for fleetQuiet. A cluster's
 // fleet is answered as its IPAMs leave it; a run during which an IPAM catches up on the fleet
 // measures that work, not the webhook.
-func settleFleet(ctx context.Context, cp *harness.ControlPlane, out io.Writer) error {
+func settleFleet(ctx context.Context, cp *harness.ControlPlane, out io.Writer) (time.Duration, error) {
 	start := time.Now()
 	for {
 		offset, err := cp.AuditOffset()
 		if err != nil {
-			return err
+			return 0, err
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		case <-time.After(fleetQuiet):
 		}
 		events, err := cp.AuditSince(offset)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		writes := fleetWrites(events)
 		if writes == 0 {
 			fmt.Fprintf(out, "The IPAMs left the standing fleet alone for %s, %s after it was written\n", fleetQuiet, time.Since(start).Round(time.Second))
-			return nil
+			return time.Since(start), nil
 		}
 		if time.Since(start) > fleetSettleLimit {
-			return fmt.Errorf("the IPAMs still write to the standing fleet after %s (%d writes in %s)", fleetSettleLimit, writes, fleetQuiet)
+			return 0, fmt.Errorf("the IPAMs still write to the standing fleet after %s (%d writes in %s)", fleetSettleLimit, writes, fleetQuiet)
 		}
 	}
 }

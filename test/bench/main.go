@@ -258,8 +258,9 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	if err := cp.StartInClusterIPAM(ctx); err != nil {
 		return nil, err
 	}
+	var settled time.Duration
 	if c.fleet > 0 {
-		if err := settleFleet(ctx, cp, out); err != nil {
+		if settled, err = settleFleet(ctx, cp, out); err != nil {
 			return nil, err
 		}
 	}
@@ -270,7 +271,7 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	b := &bench{cp: cp, ready: ready, cfg: c, out: out, load: startLoadSampler(ctx), serving: modePreallocated}
 	defer b.stopReplicas()
 
-	report := &Report{Machine: machine(), Started: time.Now().UTC(), Fleet: c.fleet}
+	report := &Report{Machine: machine(), Started: time.Now().UTC(), Fleet: c.fleet, FleetSettled: settled}
 	if c.slow > 0 {
 		report.SlowRate = c.slowRate
 	}

@@ -295,6 +295,9 @@ type Report struct {
 	Webhook *Footprint
 	// Fleet is how many Ready machines of a standing fleet the run kept beside its scenarios.
 	Fleet int `json:",omitempty"`
+	// FleetSettled is how long, after the fleet was written, the IPAMs took to leave it alone;
+	// results without it come from before the runs waited for that.
+	FleetSettled time.Duration `json:",omitempty"`
 	// SlowRate is the slow arrival's Metal3DataClaims per second.
 	SlowRate float64 `json:",omitempty"`
 }

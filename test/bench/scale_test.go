@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestScaleVerdict: each of the scale targets fails its row on its own.
@@ -44,7 +45,7 @@ func TestScaleSection(t *testing.T) {
 		r.CreateServer, r.ClaimCreates = []float64{createP99}, []float64{claimWrites}
 		return r
 	}
-	report := &Report{Fleet: 5000, SlowRate: 10, Runs: []*Run{
+	report := &Report{Fleet: 5000, FleetSettled: 20 * time.Second, SlowRate: 10, Runs: []*Run{
 		run(modeStock, 0, 400, 0.020, 0, 3000), run(modePreallocated, 0, 380, 0.030, 0.012, 0),
 		run(modePreallocated, 1, 390, 0.031, 0.014, 60), run(modeStock, 1, 410, 0.022, 0, 3000),
 	}}
@@ -71,5 +72,12 @@ func TestScaleSection(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("section without %q:\n%s", want, b.String())
 		}
+	}
+	// Results from before the runs waited for a settled fleet measured it: no figures of theirs.
+	report.FleetSettled = 0
+	b.Reset()
+	writeScaleSection(&b, report)
+	if strings.Contains(b.String(), "98.0%") || !strings.Contains(b.String(), "`make bench-scale` writes this section anew") {
+		t.Errorf("section of results from before the settled fleet:\n%s", b.String())
 	}
 }
