@@ -314,25 +314,14 @@ func TestCheckFailuresAgainstStock(t *testing.T) {
 // TestCheckReportOpensWithWhatItMeans: the page opens with the verdict and the webhook's counts
 // beside stock's, then the known problems, then the method.
 func TestCheckReportOpensWithWhatItMeans(t *testing.T) {
-	// The known problems are the released IPAM's: a run against the corrected double omits them.
-	saved, savedCorrections := cp, ipamCorrections
-	defer func() { cp, ipamCorrections = saved, savedCorrections }()
-	cp, ipamCorrections = &harness.ControlPlane{Root: t.TempDir()}, nil
 	r := &suiteReport{started: time.Now(), results: []*scenarioResult{
 		{name: "namespaces", trials: 1, admitted: 100, compared: comparedToStock, counts: []namedCount{{name: invOrphanAddress, n: 1}},
 			perTrial: []trialCounts{{stored: 100, counts: map[string]int64{invOrphanAddress: 1}}}},
 		{name: "namespaces-stock", control: true, trials: 1, admitted: 90, counts: []namedCount{{name: invOrphanAddress, n: 4}},
 			perTrial: []trialCounts{{stored: 90, counts: map[string]int64{invOrphanAddress: 4}}}},
 	}}
-	path := filepath.Join(t.TempDir(), "reliability.md")
-	if err := r.write(path, sizes{name: "quick"}, true); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	page := string(data)
+	// The known problems are the released IPAM's: a run against the corrected double omits them.
+	page, path := writtenPage(t, r, sizes{name: "quick"}, true, nil)
 	var e evidence
 	if data, err := os.ReadFile(strings.TrimSuffix(path, ".md") + ".json"); err != nil || json.Unmarshal(data, &e) != nil ||
 		e.Seed != runSeed || len(e.Trials) != 2 || !e.Trials[1].Stock || e.Trials[1].Counts[invOrphanAddress] != 4 {
@@ -359,22 +348,12 @@ func TestCheckReportOpensWithWhatItMeans(t *testing.T) {
 // TestCheckReportListsTheIPAMCorrections: against the corrected double, the page lists every change
 // it makes, and no other.
 func TestCheckReportListsTheIPAMCorrections(t *testing.T) {
-	saved, savedCorrections := cp, ipamCorrections
-	defer func() { cp, ipamCorrections = saved, savedCorrections }()
-	cp, ipamCorrections = &harness.ControlPlane{Root: t.TempDir()}, stack.NamedRaces
 	r := &suiteReport{started: time.Now(), results: []*scenarioResult{
 		{name: "kills", trials: 1, admitted: 10, perTrial: []trialCounts{{stored: 10, counts: map[string]int64{}}}},
 	}}
-	path := filepath.Join(t.TempDir(), "reliability.md")
-	if err := r.write(path, sizes{name: "quick"}, true); err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	page, _ := writtenPage(t, r, sizes{name: "quick"}, true, stack.NamedRaces)
 	for c, text := range stack.Describe {
-		if listed := strings.Contains(string(data), "- `"+string(c)+"`: "+text); listed != stack.NamedRaces.Has(c) {
+		if listed := strings.Contains(page, "- `"+string(c)+"`: "+text); listed != stack.NamedRaces.Has(c) {
 			t.Errorf("%s listed: %v, made: %v", c, listed, stack.NamedRaces.Has(c))
 		}
 	}
@@ -383,9 +362,6 @@ func TestCheckReportListsTheIPAMCorrections(t *testing.T) {
 // TestCheckPageSize: the page of a full run, every scenario with its baseline and the trials the
 // criterion may need, stays within 25 KB; what grows with the trials goes to the JSON.
 func TestCheckPageSize(t *testing.T) {
-	saved := cp
-	defer func() { cp = saved }()
-	cp = &harness.ControlPlane{Root: t.TempDir()}
 	const trials = 20
 	r := &suiteReport{started: time.Now()}
 	for _, s := range scenarios {
@@ -412,16 +388,27 @@ func TestCheckPageSize(t *testing.T) {
 			r.results = append(r.results, res)
 		}
 	}
-	path := filepath.Join(t.TempDir(), "reliability.md")
-	if err := r.write(path, sizes{name: "full", trials: trials}, false); err != nil {
+	page, _ := writtenPage(t, r, sizes{name: "full", trials: trials}, false, nil)
+	if len(page) > 25000 {
+		t.Errorf("the page is %d bytes, want at most 25000", len(page))
+	}
+	t.Logf("page: %d bytes", len(page))
+}
+
+// writtenPage writes r's page, and the evidence beside it, as a run against the IPAM with
+// corrections would, and returns the page and its path.
+func writtenPage(t *testing.T, r *suiteReport, s sizes, passed bool, corrections stack.Corrections) (page, path string) {
+	t.Helper()
+	saved, savedCorrections := cp, ipamCorrections
+	t.Cleanup(func() { cp, ipamCorrections = saved, savedCorrections })
+	cp, ipamCorrections = &harness.ControlPlane{Root: t.TempDir()}, corrections
+	path = filepath.Join(t.TempDir(), "reliability.md")
+	if err := r.write(path, s, passed); err != nil {
 		t.Fatal(err)
 	}
-	info, err := os.Stat(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Size() > 25000 {
-		t.Errorf("the page is %d bytes, want at most 25000", info.Size())
-	}
-	t.Logf("page: %d bytes", info.Size())
+	return string(data), path
 }
