@@ -191,7 +191,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 	unanswered := namedCount{name: invUnanswered}
 	unansweredInfo := namedCount{name: "admissions the webhook did not answer (a replica or its API was faulted)"}
 	ours := namedCount{name: invOursAddresses}
-	webhooks := func(uid types.UID) bool { rec, _ := recorder.byUID(uid); return rec.createdByWebhook() }
+	webhooks := func(uid types.UID) bool { return recorder.byUID(uid).createdByWebhook() }
 
 	warned := map[string]map[string]bool{}
 	logged, err := harness.ClaimsLeftToCAPM3InLogs(cp.Dir)
@@ -489,7 +489,7 @@ func (sc *scenario) leftBehind(ctx context.Context) (ours, others namedCount) {
 			}
 			for i := range list.Items {
 				c := &list.Items[i]
-				rec, _ := recorder.byUID(c.UID)
+				rec := recorder.byUID(c.UID)
 				what := fmt.Sprintf("%s %s/%s: finalizers %v; %s", gvk.Kind, ns, c.Name, c.Finalizers, rec.history())
 				if rec.createdByWebhook() {
 					ours.addf("%s", what)

@@ -140,12 +140,11 @@ func (r *claimRecorder) deleted(obj any) {
 	}
 }
 
-// byUID returns the record of the claim with that UID.
-func (r *claimRecorder) byUID(uid types.UID) (claimRecord, bool) {
+// byUID returns the record of the claim with that UID; empty if none was seen.
+func (r *claimRecorder) byUID(uid types.UID) claimRecord {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rec, ok := r.records[uid]
-	return rec, ok
+	return r.records[uid]
 }
 
 // createdByWebhook tells a claim the webhook created and preallocated.

@@ -3,8 +3,8 @@
 // the claim's IPAddress before it saves its finalizer on the claim, and the API server refuses a
 // new finalizer on an object being deleted. Once the claim's other finalizer (CAPM3's, here a
 // stand-in) goes, the claim is gone and its IPAddress stays, holding its address, and with its
-// finalizer, its namespace. The same loop against the corrected IPAM test double of test/stack
-// leaks nothing, which is what the fault suite's corrected runs rely on.
+// finalizer, its namespace. The same loop against the corrected IPAM test double of test/stack,
+// with the corrections the fault suite's corrected runs make, leaks nothing.
 //
 // An upstream maintainer can run it as it is: `go test ./ipamrace` in test/ after `make tools`.
 // If the real IPAM stops leaking, TestRealIPAMLeaks fails: the release controller's guard for
@@ -63,8 +63,8 @@ func run(m *testing.M) int {
 	defer cp.Stop()
 	for _, ipam := range []struct {
 		ns        string
-		corrected bool
-	}{{"real", false}, {"corrected", true}} {
+		corrected stack.Corrections
+	}{{"real", nil}, {"corrected", stack.NamedRaces}} {
 		if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ipam.ns}}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
