@@ -89,3 +89,16 @@ func TestSlowedBy(t *testing.T) {
 		t.Errorf("1.3× slower: %v", slowed[0])
 	}
 }
+
+// TestNoOpBesideRaisedLimits: where CAPM3's limits are raised, its template loop is what machines
+// wait for, and each burst runs beside the no-op webhook, which tells what any admission costs
+// (the leader loss, which kills the webhook, aside).
+func TestNoOpBesideRaisedLimits(t *testing.T) {
+	for _, s := range settings() {
+		for _, sc := range s.Scenarios {
+			if s.Name == "raised-limits" && !sc.LeaderLoss && !sc.NoOp {
+				t.Errorf("%s/%s runs without the no-op webhook", s.Name, sc.Name)
+			}
+		}
+	}
+}
