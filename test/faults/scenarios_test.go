@@ -379,8 +379,9 @@ func runGate(ctx context.Context, sc *scenario) {
 // generation stores the machine objects of Metal3Data index under new names, as when a machine
 // is replaced and CAPM3's template controller reuses the freed index: the Metal3Data has the same
 // name, its Metal3DataClaim, Metal3Machine, Machine and host are new.
-func generation(ctx context.Context, ns string, index, gen int) (*fixtures.Machine, error) {
+func (sc *scenario) generation(ctx context.Context, ns string, index, gen int) (*fixtures.Machine, error) {
 	m := fixtures.NewMachine(template(workersTemplate), index).InNamespace(ns)
+	sc.inArm(m)
 	if gen > 0 {
 		suffix := fmt.Sprintf("-g%d", gen)
 		m.Machine.Name += suffix
@@ -454,7 +455,7 @@ func runRecreate(ctx context.Context, sc *scenario) {
 	var lock sync.Mutex
 	var recreateTimes []time.Duration
 	err = parallel(size.recreateNames, size.recreateNames, func(index int) error {
-		m, err := generation(ctx, w.ns, index, 0)
+		m, err := sc.generation(ctx, w.ns, index, 0)
 		if err != nil {
 			return err
 		}
@@ -471,7 +472,7 @@ func runRecreate(ctx context.Context, sc *scenario) {
 			}
 			// The next machine is stored first, so that its Metal3Data's create follows the
 			// deletion at once.
-			next, err := generation(ctx, w.ns, index, round)
+			next, err := sc.generation(ctx, w.ns, index, round)
 			if err != nil {
 				return err
 			}

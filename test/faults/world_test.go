@@ -327,13 +327,18 @@ func (sc *scenario) newWorld(ctx context.Context, ns string, n int, share float6
 			name = workersTemplate
 		}
 		m := fixtures.NewMachine(template(name), i).InNamespace(ns)
-		if !sc.control {
-			m.Data.Labels[clusterv1.WatchLabel] = webhookArm
-		}
+		sc.inArm(m)
 		w.machines[i] = m
 		return harness.CreateMachine(ctx, cp.Client, m)
 	})
 	return w, err
+}
+
+// inArm gives the machine's Metal3Data the watch filter of the webhook's arm, outside a baseline.
+func (sc *scenario) inArm(m *fixtures.Machine) {
+	if !sc.control {
+		m.Data.Labels[clusterv1.WatchLabel] = webhookArm
+	}
 }
 
 // parallel runs f(0..n-1) with at most width at a time and returns the first error.
