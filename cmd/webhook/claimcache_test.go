@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
@@ -79,5 +81,42 @@ func TestWholeClaimsServeTheirMetadata(t *testing.T) {
 	}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: "x"}, allocation.Metadata(allocation.Metal3AddressGVK)); err == nil || metadataReads != 1 {
 		t.Errorf("an IPAddress's metadata read did not pass through: %v", err)
+	}
+}
+
+// recordingCache records the objects informers and indices are asked for.
+type recordingCache struct {
+	cache.Cache
+	asked []string
+}
+
+func (c *recordingCache) GetInformer(_ context.Context, obj client.Object, _ ...cache.InformerGetOption) (cache.Informer, error) {
+	c.asked = append(c.asked, fmt.Sprintf("informer %T", obj))
+	return nil, nil
+}
+
+func (c *recordingCache) IndexField(_ context.Context, obj client.Object, _ string, _ client.IndexerFunc) error {
+	c.asked = append(c.asked, fmt.Sprintf("index %T", obj))
+	return nil
+}
+
+// TestWholeClaimsServeTheirInformers: informers and indices asked for a claim's metadata are the
+// whole claim's, so that no second informer of claims starts; other kinds keep theirs.
+func TestWholeClaimsServeTheirInformers(t *testing.T) {
+	rec := &recordingCache{}
+	c := wholeClaims{rec}
+	ctx := context.Background()
+	for _, obj := range []client.Object{allocation.Metadata(allocation.IPClaimGVK), allocation.Metadata(allocation.IPAddressClaimGVK), allocation.Metadata(allocation.Metal3DataGVK)} {
+		if _, err := c.GetInformer(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.IndexField(ctx, obj, "f", func(client.Object) []string { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{"informer *v1alpha1.IPClaim", "index *v1alpha1.IPClaim", "informer *v1beta2.IPAddressClaim", "index *v1beta2.IPAddressClaim",
+		"informer *v1.PartialObjectMetadata", "index *v1.PartialObjectMetadata"}
+	if !slices.Equal(rec.asked, want) {
+		t.Errorf("asked for %v, want %v", rec.asked, want)
 	}
 }

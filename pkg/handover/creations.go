@@ -86,11 +86,11 @@ func (c *Creations) Admitted(ctx context.Context, key types.NamespacedName, toke
 	c.init()
 	now := time.Now()
 	v := admitted{token: token, dataToken: dataToken, warning: warning, creating: len(claims) > 0}
-	behind := len(claims) > 0 && c.Answers.Behind(now)
-	if behind {
+	if len(claims) > 0 && c.Answers.Behind(now) {
 		v.answerBy = now.Add(c.IPAMWait)
 	}
-	idle := !behind && c.IdleWait > 0 && c.Cache != nil && len(claims) > 0 && c.Answers.Idle() &&
+	// Never while the IPAM is behind: it is behind only on claims in flight.
+	idle := c.IdleWait > 0 && c.Cache != nil && len(claims) > 0 && c.Answers.Idle() &&
 		c.alone(ctx, key.Namespace, claims[0].DataClaim)
 	c.Admissions.admit(key, v)
 	if len(claims) == 0 {

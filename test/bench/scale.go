@@ -158,7 +158,7 @@ func scaleRows(r *Report) []scaleRow {
 
 // writeScaleSection writes the page's section on the scale run.
 func writeScaleSection(b *bytes.Buffer, r *Report) {
-	if r.FleetSettled == 0 {
+	if r.Fleet > 0 && r.FleetSettled == 0 {
 		fmt.Fprintf(b, "\n## At scale\n\n`bench/results/scale/results.json` (%s UTC) comes from before the runs waited for the IPAMs to leave the standing fleet alone, so its figures measured the fleet's answering too; `make bench-scale` writes this section anew.\n",
 			r.Started.UTC().Format("2006-01-02 15:04"))
 		return

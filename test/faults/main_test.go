@@ -250,3 +250,7 @@ var ipamCorrections = func() stack.Corrections {
 }()
 
 func correctedIPAM() bool { return len(ipamCorrections) > 0 }
+
+// everyCorrection: the double makes every correction, so that what is left on the webhook's
+// claims is the webhook's.
+func everyCorrection() bool { return len(ipamCorrections) == len(stack.Describe) }

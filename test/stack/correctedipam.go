@@ -48,7 +48,8 @@ func (cs Corrections) Has(c Correction) bool { return slices.Contains(cs, c) }
 
 // NamedRaces are the corrections of the races the fault suite names: two IPPool controllers,
 // reads from a lagging cache, the IPAddress created before the claim's finalizer is saved. The
-// others stay in, so that the webhook's surplus and stray-address handling still run.
+// others stay in, so that the webhook's stray-address release and gone-pool finish still run; a
+// second IPAddress for one claim needs the first two races, so its release does not.
 var NamedRaces = Corrections{OnePoolController, LiveReads, FinalizerFirst}
 
 // Describe says what the correction changes and the race it takes out, for the fault suite's page.
