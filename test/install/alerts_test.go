@@ -333,7 +333,12 @@ func (a *alertsRun) snap(name string) *snapshot {
 func (a *alertsRun) waitFor(instance, what string, cond func(target) bool) {
 	a.t.Helper()
 	harness.Eventually(a.t, 30*time.Second, func() error {
-		if !cond(a.webhook(instance)) {
+		// A replica is ready before its metrics server listens: a refused scrape is tried again.
+		body, err := a.get(a.replicas[instance])
+		if err != nil {
+			return err
+		}
+		if !cond(a.parse(webhookJob, instance, body)) {
 			return fmt.Errorf("replica %s: not yet %s", instance, what)
 		}
 		return nil
