@@ -116,12 +116,15 @@ footprint: tools ## Measure the webhook's memory with a standing fleet of 1,000 
 	cd test && go run ./footprint $(FOOTPRINT_ARGS)
 
 .PHONY: faults
-faults: tools ## Run the fault suite at full size, five trials of each scenario and its baseline (FAULTS_TRIALS for more; FAULTS_SEED repeats a run); writes docs/reliability.md and the per-trial evidence docs/reliability.json.
-	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md go test -count=1 -v -timeout 180m ./faults
+# SCENARIOS='kills|leader-loss' runs only those scenarios and merges them into the page with the
+# earlier parts of the same run (same product code and seed): a run split across sessions.
+FAULTS_RUN = $(if $(SCENARIOS),FAULTS_MERGE=1) go test -count=1 -v -timeout 180m ./faults $(if $(SCENARIOS),-run 'TestFaults/^($(SCENARIOS))$$')
+faults: tools ## Run the fault suite at full size: five trials of each scenario and its baseline, up to 12 where the power asks (SCENARIOS= for a part, FAULTS_SEED repeats a run); writes docs/reliability.md and its evidence docs/reliability.json.
+	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md $(FAULTS_RUN)
 
 .PHONY: faults-corrected-ipam
 faults-corrected-ipam: tools ## make faults with a test double of the Metal3 IPAM with the races docs/reliability.md names fixed (FAULTS_IPAM_CORRECTIONS=all, or a list, picks others); writes docs/reliability-corrected-ipam.md and .json.
-	cd test && FAULTS_FULL=1 FAULTS_IPAM=corrected FAULTS_REPORT=$(CURDIR)/docs/reliability-corrected-ipam.md go test -count=1 -v -timeout 180m ./faults
+	cd test && FAULTS_FULL=1 FAULTS_IPAM=corrected FAULTS_REPORT=$(CURDIR)/docs/reliability-corrected-ipam.md $(FAULTS_RUN)
 
 .PHONY: build
 build: ## Build the webhook binary into bin/ (static, VERSION stamped), as CI and the Dockerfile do.

@@ -324,7 +324,7 @@ func TestCheckReportOpensWithWhatItMeans(t *testing.T) {
 	page, path := writtenPage(t, r, sizes{name: "quick"}, true, nil)
 	var e evidence
 	if data, err := os.ReadFile(strings.TrimSuffix(path, ".md") + ".json"); err != nil || json.Unmarshal(data, &e) != nil ||
-		e.Seed != runSeed || len(e.Trials) != 2 || !e.Trials[1].Stock || e.Trials[1].Counts[invOrphanAddress] != 4 {
+		e.Seed != runSeed || len(e.Scenarios) != 2 || !e.Scenarios[1].Stock || e.Scenarios[1].Trials[0].Counts[invOrphanAddress] != 4 {
 		t.Errorf("the evidence beside the page: %+v, %v", e, err)
 	}
 	for _, n := range invariants {
@@ -402,7 +402,17 @@ func writtenPage(t *testing.T, r *suiteReport, s sizes, passed bool, corrections
 	saved, savedCorrections := cp, ipamCorrections
 	t.Cleanup(func() { cp, ipamCorrections = saved, savedCorrections })
 	cp, ipamCorrections = &harness.ControlPlane{Root: t.TempDir()}, corrections
-	path = filepath.Join(t.TempDir(), "reliability.md")
+	return writtenPageAt(t, r, s, passed, filepath.Join(t.TempDir(), "reliability.md"))
+}
+
+// writtenPageAt writes r's page to path, with the control plane as it is.
+func writtenPageAt(t *testing.T, r *suiteReport, s sizes, passed bool, path string) (page, _ string) {
+	t.Helper()
+	if cp == nil {
+		saved := cp
+		t.Cleanup(func() { cp = saved })
+		cp = &harness.ControlPlane{Root: t.TempDir()}
+	}
 	if err := r.write(path, s, passed); err != nil {
 		t.Fatal(err)
 	}
@@ -411,4 +421,75 @@ func writtenPage(t *testing.T, r *suiteReport, s sizes, passed bool, corrections
 		t.Fatal(err)
 	}
 	return string(data), path
+}
+
+// TestCheckPartsMerge: a run split by scenario is one page: the second part takes the first's seed
+// and keeps its scenarios it did not run again; parts of other product code are never merged.
+func TestCheckPartsMerge(t *testing.T) {
+	savedSeed := runSeed
+	t.Cleanup(func() { runSeed = savedSeed })
+	first := &suiteReport{started: time.Now(), results: []*scenarioResult{
+		withTrials(&scenarioResult{name: "namespaces", title: "t", compared: comparedToStock}, 100, invOrphanAddress, 20, 22),
+		withTrials(&scenarioResult{name: "namespaces-stock", control: true}, 100, invOrphanAddress, 21, 23),
+		withTrials(&scenarioResult{name: "kills", failed: true}, 100, invOrphanAddress, 0),
+	}}
+	_, path := writtenPage(t, first, sizes{name: "full", trials: 2, maxTrials: 4}, true, nil)
+	product := "unknown" // writtenPage's control plane is no git checkout
+
+	if said, err := (&suiteReport{}).resume(jsonBeside(path), sizes{name: "full"}, "other"); err != nil || !strings.Contains(said, "other product code") {
+		t.Errorf("parts of other product code: %q, %v", said, err)
+	}
+	runSeed = savedSeed + 1
+	second := &suiteReport{started: time.Now()}
+	if said, err := second.resume(jsonBeside(path), sizes{name: "full"}, product); err != nil || !strings.Contains(said, "resuming") {
+		t.Fatalf("resuming: %q, %v", said, err)
+	}
+	if runSeed != savedSeed {
+		t.Errorf("seed %d, want the first part's %d", runSeed, savedSeed)
+	}
+	second.results = []*scenarioResult{withTrials(&scenarioResult{name: "kills"}, 50, invOrphanAddress, 0)}
+	page, _ := writtenPageAt(t, second, sizes{name: "full", trials: 2, maxTrials: 4}, true, path)
+	for _, want := range []string{"2 parts", "| namespaces | " + invOrphanAddress + " | 42 of 200 | 44 of 200 |", "| kills | 1 | 0 | 50 |", "**Every invariant held**"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the merged page lacks %q:\n%s", want, page)
+		}
+	}
+	if !strings.Contains(page, ": namespaces\n") || !strings.Contains(page, ": kills\n") {
+		t.Errorf("the merged page does not say which part ran which scenario:\n%s", page)
+	}
+	if !strings.Contains(page, "Incomplete: not run yet: leader-loss") {
+		t.Errorf("the merged page does not say which scenarios are missing:\n%s", page)
+	}
+}
+
+// TestCheckWantsTrial: trials are added while a comparison lacks the power and a few more
+// trials would give it; not past maxTrials, nor where no number of trials within it would.
+func TestCheckWantsTrial(t *testing.T) {
+	saved := size
+	t.Cleanup(func() { size = saved })
+	size = sizes{trials: 2, maxTrials: 12}
+	for _, tc := range []struct {
+		name           string
+		webhook, stock []int64
+		done           int
+		want           bool
+	}{
+		{name: "underpowered, more trials would tell", webhook: []int64{5, 4}, stock: []int64{6, 5}, done: 2, want: true},
+		{name: "at the most trials", webhook: []int64{5, 4}, stock: []int64{6, 5}, done: 12, want: false},
+		{name: "more trials than the most would tell", webhook: []int64{1, 0}, stock: []int64{2, 1}, done: 2, want: false},
+		{name: "no events", webhook: []int64{0, 0}, stock: []int64{0, 0}, done: 2, want: false},
+		{name: "powered", webhook: []int64{20, 22, 19}, stock: []int64{21, 20, 23}, done: 3, want: false},
+	} {
+		r := &suiteReport{results: []*scenarioResult{
+			withTrials(&scenarioResult{name: "recreate", compared: []string{invOrphanAddress}}, 100, invOrphanAddress, tc.webhook...),
+			withTrials(&scenarioResult{name: "recreate-stock", control: true}, 100, invOrphanAddress, tc.stock...),
+		}}
+		if got := r.wantsTrial("recreate", tc.done); got != tc.want {
+			t.Errorf("%s: wantsTrial %v, want %v (%v)", tc.name, got, tc.want,
+				compareArms(armOf(r.results[0], invOrphanAddress), armOf(r.results[1], invOrphanAddress)))
+		}
+		if r.wantsTrial("kills", tc.done) {
+			t.Errorf("%s: another scenario's comparison asked kills for a trial", tc.name)
+		}
+	}
 }

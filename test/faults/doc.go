@@ -10,4 +10,9 @@
 // writes docs/reliability.md). FAULTS_IPAM=corrected puts the corrected IPAM test double of
 // test/stack in the Metal3 IPAM's place, with the corrections FAULTS_IPAM_CORRECTIONS lists (by
 // default those of the races the page names), so that what the suite finds then is ours.
+//
+// A scenario runs more trials than its size's while a comparison with stock lacks the criterion's
+// power, up to FAULTS_MAX_TRIALS. FAULTS_MERGE=1 with a -run pattern of some scenarios runs a part
+// of a run: the page then also holds the earlier parts' scenarios, from the JSON beside it, when
+// they measured the same product code (`make faults SCENARIOS=...`).
 package faults

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,12 +24,14 @@ type scenarioResult struct {
 	// compared: the counts held to the baseline's bound.
 	compared    []string
 	name, title string
-	trials      int
-	faults      []namedCount
-	admitted    int
-	attempts    int
-	counts      []namedCount
-	info        []namedCount
+	// failed: the scenario's test failed.
+	failed   bool
+	trials   int
+	faults   []namedCount
+	admitted int
+	attempts int
+	counts   []namedCount
+	info     []namedCount
 	// tables are the scenario's Markdown tables, one per trial.
 	tables [][]string
 	// perTrial are each trial's Metal3Data stored and invariant counts.
@@ -56,6 +57,10 @@ type suiteReport struct {
 	setUp   time.Duration
 	started time.Time
 	results []*scenarioResult
+	// parts and earlier are, when the run resumes earlier parts (resume), those parts and their
+	// results.
+	parts   []partEvidence
+	earlier []*scenarioResult
 }
 
 func sumInto(dst *[]namedCount, src []namedCount) {
@@ -169,12 +174,32 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	defer r.mu.Unlock()
 	var b bytes.Buffer
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	wall := time.Since(r.started)
+	e := r.evidenceOf(s, productCommit(), r.merged())
+	var wall time.Duration
+	for _, part := range e.Parts {
+		took, _ := time.ParseDuration(part.Took)
+		wall += took
+	}
+	for _, res := range r.results {
+		passed = passed && !res.failed
+	}
 	p("# Reliability: the fault suite")
 	p("")
-	p("Written by `make faults` (the %s sizes of `test/faults`; trials of each scenario: %d) on %s, from the figures", s.name, s.trials, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
-	p("that run measured; nothing here is typed by hand.")
+	p("Written by `make faults` (the %s sizes of `test/faults`; trials of each scenario: %d, up to %d where a", s.name, s.trials, s.maxTrials)
+	p("comparison with stock lacked the power) on %s, from the figures the run measured;", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	p("nothing here is typed by hand.")
 	p("")
+	if len(e.Parts) > 1 {
+		p("The run ran in %d parts, one after the other on the same product code and seed (`make faults SCENARIOS=...`):", len(e.Parts))
+		for _, part := range e.Parts {
+			p("- %s, %s: %s", part.Started.UTC().Format("2006-01-02 15:04 UTC"), part.Took, strings.Join(part.Scenarios, ", "))
+		}
+		p("")
+	}
+	if missing := r.missing(); len(missing) > 0 {
+		p("**Incomplete: not run yet: %s.**", strings.Join(missing, ", "))
+		p("")
+	}
 	if correctedIPAM() {
 		p("**Not the Metal3 IPAM as it is released: its place was taken by a test double, its code with")
 		p("these changes and no other; what the released IPAM does besides, it did here too.**")
@@ -217,7 +242,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("Each Metal3Data has claims in two Metal3 IPPools; %.0f%% (%.0f%% in concurrent, all in recreate,", 100*inClusterShare, 100*concurrentInClusterShare)
 	p("none in leader-loss) one in an InClusterIPPool too, whose provider handles one claim at a time.")
 	p("")
-	p("The run took %v, of which %v to set up.", wall.Round(time.Second), r.setUp.Round(time.Second))
+	p("The run took %v.", wall.Round(time.Second))
 	p("")
 	names := invariants
 	header := "| scenario | trials | faults injected | Metal3Data admitted |"
@@ -278,6 +303,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("")
 	p("```sh")
 	p("make faults                  # full sizes; writes this file (%v here, and the build)", wall.Round(time.Minute))
+	p("make faults SCENARIOS='kills|api-faults'   # a part: those scenarios, merged with the earlier parts")
 	p("cd test && go test -count=1 -v -timeout 30m ./faults   # every scenario at the quick sizes (make test runs four)")
 	p("cd test && FAULTS_FULL=1 FAULTS_TRIALS=1 go test -count=1 -v -timeout 60m ./faults   # one trial of each")
 	p("make faults-corrected-ipam   # the same against the corrected IPAM test double")
@@ -290,48 +316,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
 		return err
 	}
-	return r.writeEvidence(strings.TrimSuffix(path, filepath.Ext(path))+".json", s)
-}
-
-// evidence is what the JSON file beside the page holds: each trial of each arm, with its counts,
-// so that every verdict on the page can be computed again.
-type evidence struct {
-	Seed   uint64          `json:"seed"`
-	Sizes  string          `json:"sizes"`
-	Trials []trialEvidence `json:"trials"`
-}
-
-type trialEvidence struct {
-	Scenario string `json:"scenario"`
-	// Table is the scenario's own table of the trial, Evidence the first events of each count.
-	Table    []string            `json:"table,omitempty"`
-	Evidence map[string][]string `json:"evidence,omitempty"`
-	Stock    bool                `json:"stock"`
-	Trial    int                 `json:"trial"`
-	Load     string              `json:"load"`
-	Stored   int                 `json:"stored"`
-	Counts   map[string]int64    `json:"counts"`
-	Capacity map[string]int64    `json:"capacity,omitempty"`
-	Figures  []string            `json:"figures,omitempty"`
-}
-
-func (r *suiteReport) writeEvidence(path string, s sizes) error {
-	e := evidence{Seed: runSeed, Sizes: s.name}
-	for _, res := range r.results {
-		for i, tr := range res.perTrial {
-			te := trialEvidence{Scenario: strings.TrimSuffix(res.name, "-stock"), Stock: res.control, Trial: i + 1,
-				Load: tr.load, Stored: tr.stored, Counts: tr.counts, Capacity: tr.capacity, Evidence: tr.evidence, Figures: tr.figures}
-			if i < len(res.tables) {
-				te.Table = res.tables[i]
-			}
-			e.Trials = append(e.Trials, te)
-		}
-	}
-	data, err := json.MarshalIndent(e, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(data, '\n'), 0o644)
+	return writeEvidence(jsonBeside(path), e)
 }
 
 // invariants are every count the page gives, in its order.
@@ -549,6 +534,34 @@ func (r *suiteReport) knownProblems() []string {
 	}
 }
 
+// wantsTrial tells whether a scenario that has run done trials needs another: a comparison with
+// stock lacks the criterion's power, and about size.maxTrials trials of each arm would give it. It
+// reads the pooled rate and the dispersion, never which arm is ahead, so adding trials does not
+// bias the verdict.
+func (r *suiteReport) wantsTrial(name string, done int) bool {
+	if done >= size.maxTrials {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	wants := false
+	eachComparison(r.results, func(res, _ *scenarioResult, _ string, c comparison) {
+		wants = wants || res.name == name && c.verdict == verdictUnderpowered && c.trialsNeeded > 0 && c.trialsNeeded <= size.maxTrials
+	})
+	return wants
+}
+
+// outcome records whether a scenario, with its baseline, failed.
+func (r *suiteReport) outcome(name string, failed bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, res := range r.results {
+		if baseName(res.name) == name {
+			res.failed = failed
+		}
+	}
+}
+
 // failuresAgainstStock lists every count compared to stock for which the scenario name, over all
 // its trials, is above stock's bound.
 func (r *suiteReport) failuresAgainstStock(name string) []string {
@@ -634,12 +647,8 @@ func machine() []string {
 	}
 	out = append(out, strings.Join(versions, ", ")+", CAPM3 and ip-address-manager v1.13.2")
 	// The commit's date, not its hash: the page is read next to the code, whose history says which.
-	if committed, err := git("log", "-1", "--format=%cd", "--date=format:%Y-%m-%d %H:%M"); err == nil {
-		dirty := ""
-		if st, err := git("status", "--porcelain", "--", "cmd", "pkg", "internal", "config"); err == nil && st != "" {
-			dirty = ", with uncommitted changes to the product"
-		}
-		out = append(out, "the code as committed on "+strings.TrimSpace(committed)+dirty)
+	if committed, err := git(append([]string{"log", "-1", "--format=%cd", "--date=format:%Y-%m-%d %H:%M", "--"}, productPaths...)...); err == nil {
+		out = append(out, "the product code as last changed on "+committed+dirtyProduct())
 	}
 	return out
 }
@@ -657,6 +666,26 @@ func memTotal() string {
 			}
 			return fmt.Sprintf("%.1f GiB memory", float64(kb)/(1<<20))
 		}
+	}
+	return ""
+}
+
+// productPaths are what the webhook is built from.
+var productPaths = []string{"cmd", "pkg", "config", "go.mod", "go.sum"}
+
+// productCommit is the last commit that changed the product, marked when the product has
+// uncommitted changes.
+func productCommit() string {
+	commit, err := git(append([]string{"log", "-1", "--format=%H", "--"}, productPaths...)...)
+	if err != nil {
+		return "unknown"
+	}
+	return commit + dirtyProduct()
+}
+
+func dirtyProduct() string {
+	if st, err := git(append([]string{"status", "--porcelain", "--"}, productPaths...)...); err == nil && st != "" {
+		return ", with uncommitted changes"
 	}
 	return ""
 }
