@@ -377,7 +377,7 @@ func (b *bench) runAndRecord(ctx context.Context, report *Report, s setting, sc 
 	}
 	report.Runs = append(report.Runs, r)
 	printRun(b.out, r)
-	return nil
+	return b.dropRun(ctx, runNamespace(s, sc, mode, repeat))
 }
 
 // save writes results.json and the plot.

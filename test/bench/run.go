@@ -400,6 +400,11 @@ func (b *bench) controllers(ctx context.Context, s setting, sc scenario, ns stri
 	return ipam, capm3, nil
 }
 
+// runNamespace is the namespace of one run.
+func runNamespace(s setting, sc scenario, mode string, repeat int) string {
+	return fmt.Sprintf("%s-%s-%s-%d", s.Name, sc.Name, mode, repeat)
+}
+
 func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string, repeat int) (*Run, error) {
 	n := map[string]int{"idle": b.cfg.idle, "burst": b.cfg.burst, "backlog": b.cfg.backlog, "slow": b.cfg.slow}[sc.Kind]
 	templates := 1
@@ -412,7 +417,7 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 			return nil, err
 		}
 	}
-	ns := fmt.Sprintf("%s-%s-%s-%d", s.Name, sc.Name, mode, repeat)
+	ns := runNamespace(s, sc, mode, repeat)
 	fmt.Fprintf(b.out, "%s: %d machines, %d template(s)\n", ns, n, templates)
 	ms, err := b.world(ctx, ns, n, templates)
 	if err != nil {

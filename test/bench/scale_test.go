@@ -11,19 +11,23 @@ import (
 
 // TestScaleVerdict: each of the scale targets fails its row on its own.
 func TestScaleVerdict(t *testing.T) {
-	within := scaleRow{scenario: "backlog", ratio: 0.70, share: 1, admissionBound: 0.050, pre: modeFigures{createP99: 0.040}}
+	within := scaleRow{setting: "default-limits", scenario: "backlog", ratio: 0.70, share: 1, admissionBound: 0.050,
+		stock: modeFigures{reconciles: 2, lastCreated: 100}, pre: modeFigures{createP99: 0.040, reconciles: 1.1, lastCreated: 300}}
 	for _, tc := range []struct {
 		name string
 		edit func(*scaleRow)
 		want string
 	}{
 		{"within", func(*scaleRow) {}, "meets every target"},
-		{"backlog slower than its target", func(r *scaleRow) { r.ratio = 0.80 }, "misses: slower than 0.75× stock"},
+		{"backlog slower than its target", func(r *scaleRow) { r.ratio = 0.81 }, "misses: slower than 0.80× stock"},
+		{"backlog reconciled too often", func(r *scaleRow) { r.pre.reconciles = 1.3 }, "misses: CAPM3 reconciles over 0.60× stock's"},
+		{"template loop slowed with raised limits", func(r *scaleRow) { r.setting, r.scenario = "raised-limits", "slow" }, "misses: template loop slower than 1.10× stock"},
+		{"template loop within", func(r *scaleRow) { r.setting, r.scenario, r.pre.lastCreated = "raised-limits", "slow", 110 }, "meets every target"},
 		{"burst slower than stock", func(r *scaleRow) { r.scenario, r.ratio = "burst-spread", 1.01 }, "misses: slower than 1.00× stock"},
 		{"slow arrival has no time target", func(r *scaleRow) { r.scenario, r.ratio = "slow", 1.50 }, "meets every target"},
 		{"claims left to CAPM3", func(r *scaleRow) { r.share = 0.985 }, "misses: under 99% preallocated"},
 		{"admission above stock's plus one write", func(r *scaleRow) { r.pre.createP99 = 0.051 }, "misses: admission above the bound"},
-		{"two at once", func(r *scaleRow) { r.ratio, r.share = 0.9, 0.5 }, "misses: slower than 0.75× stock; under 99% preallocated"},
+		{"two at once", func(r *scaleRow) { r.ratio, r.share = 0.9, 0.5 }, "misses: slower than 0.80× stock; under 99% preallocated"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			row := within
@@ -51,7 +55,7 @@ func TestScaleSection(t *testing.T) {
 	}}
 	withNoOp := &Report{Runs: append(slices.Clone(report.Runs), run(modeNoOp, 0, 420, 0.025, 0, 0), run(modeNoOp, 1, 420, 0.027, 0, 0))}
 	withNoOp.finish()
-	if rows := scaleRows(withNoOp); len(rows) != 1 || !rows[0].overNoOp || math.Abs(rows[0].admissionBound-(0.026+0.013)) > 1e-9 {
+	if rows := scaleRows(withNoOp); len(rows) != 1 || !rows[0].overNoOp || math.Abs(rows[0].admissionBound-(0.026+overNoOpP99)) > 1e-9 {
 		t.Errorf("with the no-op webhook: rows %+v, want the bound over its p99", rows)
 	}
 	report.finish()
@@ -79,5 +83,17 @@ func TestScaleSection(t *testing.T) {
 	writeScaleSection(&b, report)
 	if strings.Contains(b.String(), "98.0%") || !strings.Contains(b.String(), "`make bench-scale` writes this section anew") {
 		t.Errorf("section of results from before the settled fleet:\n%s", b.String())
+	}
+}
+
+// TestBacklogLimit: the backlog's limit is the pause plus the Secret GETs of one reconcile per
+// Metal3Data at CAPM3's client limit, from stock's own requests.
+func TestBacklogLimit(t *testing.T) {
+	// 1,000 Metal3Data reconciled twice each: 2 GETs per reconcile and one per create of 2 Secrets.
+	r := &Run{N: 1000, Released: 180, ReconcilesMean: 2, Requests: map[string]map[string]float64{
+		"capm3": {"get secrets": 6, "create secrets": 2, "get baremetalhosts": 2}}}
+	// One reconcile: 4 GETs per Metal3Data, 4,000 less the burst at 20/s.
+	if got, want := backlogLimit([]*Run{r}), 180+(4000.0-30)/20; math.Abs(got-want) > 1e-9 {
+		t.Errorf("limit %v, want %v", got, want)
 	}
 }
