@@ -117,8 +117,9 @@ footprint: tools ## Measure the webhook's memory with a standing fleet of 1,000 
 
 .PHONY: faults
 # SCENARIOS='kills|leader-loss' runs only those scenarios and merges them into the page with the
-# earlier parts of the same run (same product code and seed): a run split across sessions.
-FAULTS_RUN = $(if $(SCENARIOS),FAULTS_MERGE=1) go test -count=1 -v -timeout 180m ./faults $(if $(SCENARIOS),-run 'TestFaults/^($(SCENARIOS))$$')
+# earlier parts of the same run (same product code and seed): a run split across sessions. MORE=1
+# adds the part's trials to the earlier parts' trials of those scenarios instead of replacing them.
+FAULTS_RUN = $(if $(SCENARIOS),FAULTS_MERGE=1) $(if $(MORE),FAULTS_MORE=1) go test -count=1 -v -timeout 180m ./faults $(if $(SCENARIOS),-run 'TestFaults/^($(SCENARIOS))$$')
 faults: tools ## Run the fault suite at full size: five trials of each scenario and its baseline, up to 12 where the power asks (SCENARIOS= for a part, FAULTS_SEED repeats a run); writes docs/reliability.md and its evidence docs/reliability.json.
 	cd test && FAULTS_FULL=1 FAULTS_REPORT=$(CURDIR)/docs/reliability.md $(FAULTS_RUN)
 

@@ -436,12 +436,12 @@ func TestCheckPartsMerge(t *testing.T) {
 	_, path := writtenPage(t, first, sizes{name: "full", trials: 2, maxTrials: 4}, true, nil)
 	product := "unknown" // writtenPage's control plane is no git checkout
 
-	if said, err := (&suiteReport{}).resume(jsonBeside(path), sizes{name: "full"}, "other"); err != nil || !strings.Contains(said, "other product code") {
+	if said, err := (&suiteReport{}).resume(jsonBeside(path), sizes{name: "full"}, "other", false); err != nil || !strings.Contains(said, "other product code") {
 		t.Errorf("parts of other product code: %q, %v", said, err)
 	}
 	runSeed = savedSeed + 1
 	second := &suiteReport{started: time.Now()}
-	if said, err := second.resume(jsonBeside(path), sizes{name: "full"}, product); err != nil || !strings.Contains(said, "resuming") {
+	if said, err := second.resume(jsonBeside(path), sizes{name: "full"}, product, false); err != nil || !strings.Contains(said, "resuming") {
 		t.Fatalf("resuming: %q, %v", said, err)
 	}
 	if runSeed != savedSeed {
@@ -459,6 +459,28 @@ func TestCheckPartsMerge(t *testing.T) {
 	}
 	if !strings.Contains(page, "Incomplete: not run yet: leader-loss") {
 		t.Errorf("the merged page does not say which scenarios are missing:\n%s", page)
+	}
+
+	// More trials of a scenario add to the earlier parts' instead of replacing them.
+	third := &suiteReport{started: time.Now()}
+	if _, err := third.resume(jsonBeside(path), sizes{name: "full"}, product, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := third.trialsDone("namespaces"); got != 2 {
+		t.Errorf("namespaces: %d trials done, want the earlier parts' 2", got)
+	}
+	for _, res := range third.results {
+		if baseName(res.name) == "namespaces" {
+			withTrials(res, 100, invOrphanAddress, 21)
+		}
+	}
+	third.ran = map[string]bool{"namespaces": true}
+	page, _ = writtenPageAt(t, third, sizes{name: "full", trials: 2, maxTrials: 4}, true, path)
+	if want := "| namespaces | " + invOrphanAddress + " | 63 of 300 | 65 of 300 |"; !strings.Contains(page, want) {
+		t.Errorf("the page after more trials lacks %q:\n%s", want, page)
+	}
+	if strings.Count(page, "\n## kills\n") != 1 {
+		t.Errorf("kills not once on the page:\n%s", page)
 	}
 }
 

@@ -14,5 +14,6 @@
 // A scenario runs more trials than its size's while a comparison with stock lacks the criterion's
 // power, up to FAULTS_MAX_TRIALS. FAULTS_MERGE=1 with a -run pattern of some scenarios runs a part
 // of a run: the page then also holds the earlier parts' scenarios, from the JSON beside it, when
-// they measured the same product code (`make faults SCENARIOS=...`).
+// they measured the same product code (`make faults SCENARIOS=...`); FAULTS_MORE=1 adds the
+// part's trials to the earlier parts' trials of the same scenarios (`MORE=1`).
 package faults

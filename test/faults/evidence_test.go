@@ -125,8 +125,9 @@ func fromEvidence(se scenarioEvidence) *scenarioResult {
 
 // resume takes up the earlier parts of a run from the evidence at path, when they measured the
 // same product code at the same sizes against the same IPAM: their seed becomes this part's, and
-// their scenarios this part does not run again go on the page. It says what it did.
-func (r *suiteReport) resume(path string, s sizes, product string) (string, error) {
+// their scenarios this part does not run again go on the page; with more, the trials this part
+// runs add to theirs instead of replacing them. It says what it did.
+func (r *suiteReport) resume(path string, s sizes, product string, more bool) (string, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "no earlier part in " + path, nil
@@ -153,7 +154,11 @@ func (r *suiteReport) resume(path string, s sizes, product string) (string, erro
 	runSeed = e.Seed
 	r.parts = e.Parts
 	for _, se := range e.Scenarios {
-		r.earlier = append(r.earlier, fromEvidence(se))
+		if more {
+			r.results = append(r.results, fromEvidence(se))
+		} else {
+			r.earlier = append(r.earlier, fromEvidence(se))
+		}
 	}
 	return fmt.Sprintf("resuming a run of %d earlier parts from %s (seed %d)", len(e.Parts), path, e.Seed), nil
 }
@@ -161,13 +166,18 @@ func (r *suiteReport) resume(path string, s sizes, product string) (string, erro
 // merged puts the earlier parts' results of scenarios this part did not run beside this part's,
 // in the suite's order of scenarios, and says which this part ran.
 func (r *suiteReport) merged() []string {
-	ran := map[string]bool{}
-	var names []string
-	for _, res := range r.results {
-		if !ran[baseName(res.name)] {
-			names = append(names, baseName(res.name))
+	ran := r.ran
+	if ran == nil {
+		ran = map[string]bool{}
+		for _, res := range r.results {
+			ran[baseName(res.name)] = true
 		}
-		ran[baseName(res.name)] = true
+	}
+	var names []string
+	for _, s := range scenarios {
+		if ran[s.name] {
+			names = append(names, s.name)
+		}
 	}
 	for _, res := range r.earlier {
 		if !ran[baseName(res.name)] {
@@ -210,4 +220,17 @@ func writeEvidence(path string, e evidence) error {
 		return err
 	}
 	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// trialsDone is how many trials of a scenario the report holds: those of the earlier parts a part
+// adds to (resume's more), which its trials follow.
+func (r *suiteReport) trialsDone(name string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, res := range r.results {
+		if res.name == name {
+			return len(res.perTrial)
+		}
+	}
+	return 0
 }

@@ -87,7 +87,7 @@ func run(m *testing.M) int {
 	}
 	report.setUp = time.Since(start)
 	if path := os.Getenv("FAULTS_REPORT"); path != "" && os.Getenv("FAULTS_MERGE") != "" {
-		said, err := report.resume(jsonBeside(path), size, productCommit())
+		said, err := report.resume(jsonBeside(path), size, productCommit(), os.Getenv("FAULTS_MORE") != "")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "reading the earlier parts:", err)
 			cp.Stop()

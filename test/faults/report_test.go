@@ -61,6 +61,8 @@ type suiteReport struct {
 	// results.
 	parts   []partEvidence
 	earlier []*scenarioResult
+	// ran are the scenarios this part ran.
+	ran map[string]bool
 }
 
 func sumInto(dst *[]namedCount, src []namedCount) {
@@ -92,6 +94,10 @@ func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount,
 		res = &scenarioResult{name: sc.name, title: title, control: sc.control, compared: sc.compared}
 		r.results = append(r.results, res)
 	}
+	if r.ran == nil {
+		r.ran = map[string]bool{}
+	}
+	r.ran[baseName(sc.name)] = true
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	res.trials++
@@ -304,6 +310,7 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("```sh")
 	p("make faults                  # full sizes; writes this file (%v here, and the build)", wall.Round(time.Minute))
 	p("make faults SCENARIOS='kills|api-faults'   # a part: those scenarios, merged with the earlier parts")
+	p("make faults SCENARIOS=recreate MORE=1       # more trials of recreate, added to the earlier parts'")
 	p("cd test && go test -count=1 -v -timeout 30m ./faults   # every scenario at the quick sizes (make test runs four)")
 	p("cd test && FAULTS_FULL=1 FAULTS_TRIALS=1 go test -count=1 -v -timeout 60m ./faults   # one trial of each")
 	p("make faults-corrected-ipam   # the same against the corrected IPAM test double")

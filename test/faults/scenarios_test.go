@@ -60,7 +60,8 @@ func TestFaults(t *testing.T) {
 			}
 			// After its subtests, whose failures are its own.
 			t.Cleanup(func() { report.outcome(s.name, t.Failed()) })
-			for trial := 0; trial < size.trials || report.wantsTrial(s.name, trial); trial++ {
+			first := report.trialsDone(s.name)
+			for trial := first; trial < first+size.trials || report.wantsTrial(s.name, trial); trial++ {
 				modes := []bool{false}
 				if s.compared != nil {
 					// Alternating when the arms run one after the other, so that a drift of the
