@@ -97,9 +97,9 @@ type scaleRow struct {
 	ratio             float64
 	// share is the least share of claims preallocated over the preallocated runs.
 	share float64
-	// admissionBound is the no-op webhook's p99 Metal3Data create at the API server, where it
-	// ran, or stock's (stricter: no webhook call at all), plus one write: the median time the
-	// webhook's claim creates of one admission took.
+	// admissionBound is the no-op webhook's p99 Metal3Data create at the API server plus
+	// overNoOpP99, where it ran; elsewhere stock's p99 (no webhook call at all) plus one write:
+	// the median time the webhook's claim creates of one admission took.
 	admissionBound float64
 	overNoOp       bool
 	held           int
