@@ -62,6 +62,9 @@ type config struct {
 	profiled []string
 	// fleet is the size of the standing fleet written before the scenarios run; 0: none.
 	fleet int
+	// merge keeps the saved results of the scenarios this run leaves out, where they measured the
+	// same product code at the same sizes (withEarlierParts): a run in parts.
+	merge bool
 }
 
 // Default sizes: three repetitions of every mode took about 10 minutes on 2 cores; the speed
@@ -91,6 +94,7 @@ func main() {
 		c.scenarios = strings.Split(v, ",")
 		return nil
 	})
+	flag.BoolVar(&c.merge, "merge", false, "Keep the saved results of the scenarios this run leaves out, if they measured the same product code at the same sizes: a run split into parts by --scenarios.")
 	flag.StringVar(&c.only, "only", "", "Run only the scenarios whose setting/scenario name contains this.")
 	flag.StringVar(&c.results, "results", "bench/results", "Directory for the JSON results and the plot, relative to the repository.")
 	flag.StringVar(&c.scaleResults, "scale-results", "bench/results/scale", "Directory for the JSON results and the plot of --scale, relative to the repository; the page has a section from each.")
@@ -271,7 +275,8 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	b := &bench{cp: cp, ready: ready, cfg: c, out: out, load: startLoadSampler(ctx), serving: modePreallocated}
 	defer b.stopReplicas()
 
-	report := &Report{Machine: machine(), Started: time.Now().UTC(), Fleet: c.fleet, FleetSettled: settled}
+	report := &Report{Machine: machine(), Started: time.Now().UTC(), Fleet: c.fleet, FleetSettled: settled, Sizes: c.sizes()}
+	report.Product, _ = harness.ProductCommit(root)
 	if c.slow > 0 {
 		report.SlowRate = c.slowRate
 	}
@@ -280,7 +285,12 @@ func run(ctx context.Context, c config, out io.Writer) (*Report, error) {
 	}
 	report.Finished = time.Now().UTC()
 	report.Load = b.load.summary()
-	report.finish()
+	report.Parts = []Part{{Started: report.Started, Finished: report.Finished, Scenarios: ranScenarios(report), FleetSettled: settled, Load: report.Load}}
+	report.finishRuns()
+	if c.merge && c.resultsDir() != "" {
+		fmt.Fprintln(out, withEarlierParts(report, root, c))
+	}
+	report.compareModes()
 	printReport(out, report)
 	if err := save(report, root, c.resultsDir(), out); err != nil {
 		return report, err

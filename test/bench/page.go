@@ -28,6 +28,7 @@ func writePage(path string, r, scale *Report) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` from `bench/results/results.json` (%s to %s UTC); nothing here is typed by hand.\n",
 		r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.UTC().Format("15:04"))
+	writeParts(&b, r, settings())
 	fmt.Fprintln(&b, "\n## When it pays")
 	fmt.Fprintln(&b, "\nStock CAPM3 beside CAPM3 with ip-preallocator, in the same run, alternating which goes first. The time from the first Metal3DataClaim to the last Metal3Data Ready (total) and the median time to Ready, means over the repetitions; the ratio is the mean of each repetition's preallocated total over its stock total, with the noise of the two modes' own runs.")
 	fmt.Fprintln(&b, "\n| setting | scenario | what it models | machines | stock: total, median (s) | preallocated: total, median (s) | total ratio | noise | verdict |")

@@ -300,6 +300,11 @@ type Report struct {
 	FleetSettled time.Duration `json:",omitempty"`
 	// SlowRate is the slow arrival's Metal3DataClaims per second.
 	SlowRate float64 `json:",omitempty"`
+	// Product is the last commit that changed the webhook's code (harness.ProductCommit), and
+	// Sizes every size the runs depend on: parts merge only where both are the same.
+	Product, Sizes string `json:",omitempty"`
+	// Parts are the invocations that ran these results, each with its scenarios.
+	Parts []Part `json:",omitempty"`
 }
 
 func machine() map[string]string {
@@ -320,6 +325,13 @@ func machine() map[string]string {
 
 // finish computes every run's figures and the comparisons.
 func (r *Report) finish() {
+	r.finishRuns()
+	r.compareModes()
+}
+
+// finishRuns computes the figures of runs just measured; runs read back from results were
+// finished before they were saved, without the samples their figures come from.
+func (r *Report) finishRuns() {
 	for _, s := range settings() {
 		for _, run := range r.Runs {
 			if run.Setting == s.Name {
@@ -327,6 +339,11 @@ func (r *Report) finish() {
 			}
 		}
 	}
+}
+
+// compareModes compares the modes of each scenario, anew.
+func (r *Report) compareModes() {
+	r.Comparisons, r.WebhookCosts = nil, nil
 	var order []string
 	byKey := map[string]map[string][]*Run{}
 	for _, run := range r.Runs {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/metal3-community/ip-preallocator/test/harness"
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
 
@@ -654,8 +654,8 @@ func machine() []string {
 	}
 	out = append(out, strings.Join(versions, ", ")+", CAPM3 and ip-address-manager v1.13.2")
 	// The commit's date, not its hash: the page is read next to the code, whose history says which.
-	if committed, err := git(append([]string{"log", "-1", "--format=%cd", "--date=format:%Y-%m-%d %H:%M", "--"}, productPaths...)...); err == nil {
-		out = append(out, "the product code as last changed on "+committed+dirtyProduct())
+	if _, committed := harness.ProductCommit(cp.Root); committed != "" {
+		out = append(out, "the product code as last changed on "+committed)
 	}
 	return out
 }
@@ -677,29 +677,9 @@ func memTotal() string {
 	return ""
 }
 
-// productPaths are what the webhook is built from.
-var productPaths = []string{"cmd", "pkg", "config", "go.mod", "go.sum"}
-
 // productCommit is the last commit that changed the product, marked when the product has
 // uncommitted changes.
 func productCommit() string {
-	commit, err := git(append([]string{"log", "-1", "--format=%H", "--"}, productPaths...)...)
-	if err != nil {
-		return "unknown"
-	}
-	return commit + dirtyProduct()
-}
-
-func dirtyProduct() string {
-	if st, err := git(append([]string{"status", "--porcelain", "--"}, productPaths...)...); err == nil && st != "" {
-		return ", with uncommitted changes"
-	}
-	return ""
-}
-
-func git(args ...string) (string, error) {
-	cmd := exec.CommandContext(context.Background(), "git", args...)
-	cmd.Dir = cp.Root
-	out, err := cmd.Output()
-	return strings.TrimSpace(string(out)), err
+	commit, _ := harness.ProductCommit(cp.Root)
+	return commit
 }
