@@ -41,9 +41,9 @@ func WaitingClaim(name, token string) *ipamv1.IPClaim {
 }
 
 // IndexedClient is a fake client with the controllers' cache indices, whose patches fail as the
-// API server's do.
+// API server's do, and which returns managedFields as the API server does (CreatedHere reads them).
 func IndexedClient(funcs interceptor.Funcs, objs ...client.Object) client.WithWatch {
-	b := fake.NewClientBuilder().WithScheme(fixtures.Scheme()).WithObjects(objs...)
+	b := fake.NewClientBuilder().WithScheme(fixtures.Scheme()).WithObjects(objs...).WithReturnManagedFields()
 	for _, f := range index.Fields() {
 		b = b.WithIndex(f.Object, f.Name, f.Extract)
 	}

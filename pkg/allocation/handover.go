@@ -181,6 +181,12 @@ func FinishForIPAM(ctx context.Context, c client.Writer, claim *metav1.PartialOb
 		waitingTests(claim.Annotations[PreallocatedForAnnotation], claim.Annotations[AdmissionAnnotation])...)
 }
 
+// FinishStranded removes the IPAM's finalizer from a stranded claim whose pool is gone: the IPAM
+// would free it only from that pool's reconcile.
+func FinishStranded(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata) (bool, error) {
+	return removeFinalizers(ctx, c, claim, []string{ipamv1.IPClaimFinalizer}, jsonpatch.NewOperation("test", "/metadata/finalizers", []string{ipamv1.IPClaimFinalizer}))
+}
+
 // FinishOrphan removes CAPM3's finalizer from a claim being deleted after its owner Metal3Data:
 // CAPM3 releases nothing for a Metal3Data deleted before its first reconcile.
 func FinishOrphan(ctx context.Context, c client.Writer, claim *metav1.PartialObjectMetadata, owner types.UID) (bool, error) {

@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	infrav1 "github.com/metal3-io/cluster-api-provider-metal3/api/v1beta2"
+	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -12,6 +13,7 @@ import (
 //	waiting ──hand-over──▶ owned
 //	waiting ──release, namespace or person deletes it──▶ deleting ──finish──▶ gone
 //	owned ──deleted, its Metal3Data gone──▶ orphaned ──finish──▶ gone
+//	owned ──deleted, released by CAPM3, its IPPool gone──▶ stranded ──finish──▶ gone
 type Phase int
 
 const (
@@ -23,6 +25,9 @@ const (
 	Deleting
 	// Orphaned is being deleted with CAPM3's finalizer, owned by a Metal3Data.
 	Orphaned
+	// Stranded is being deleted, owned, with only the Metal3 IPAM's finalizer left: the IPAM frees
+	// it from its pool's reconcile, or never once the pool is gone.
+	Stranded
 )
 
 // PhaseOf is the only definition of a claim's phase.
@@ -35,6 +40,8 @@ func PhaseOf(claim metav1.Object) Phase {
 		return Deleting
 	case claim.GetDeletionTimestamp() != nil && slices.Contains(claim.GetFinalizers(), infrav1.DataFinalizer) && Metal3DataOwner(claim) != nil:
 		return Orphaned
+	case claim.GetDeletionTimestamp() != nil && len(claim.GetOwnerReferences()) > 0 && slices.Equal(claim.GetFinalizers(), []string{ipamv1.IPClaimFinalizer}):
+		return Stranded
 	}
 	return Owned
 }

@@ -110,6 +110,21 @@ func TestDecideFinish(t *testing.T) {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}
 	}
+	for _, tc := range []struct {
+		name string
+		f    StrandedFacts
+		want Decision[FinishStep]
+	}{
+		{"pool there: the IPAM frees it, a look later should the pool go first", StrandedFacts{CreatedHere: true}, Decision[FinishStep]{After: 30 * s}},
+		{"pool gone, stock CAPM3's claim: as without the webhook", StrandedFacts{PoolGone: true}, Decision[FinishStep]{}},
+		{"pool gone, its IPAddresses left: gone first, the claim would strand them", StrandedFacts{PoolGone: true, CreatedHere: true, Addresses: 1},
+			Decision[FinishStep]{After: 30 * s, Why: "Keeping a deleted claim whose IPPool is gone until its IPAddresses are gone"}},
+		{"pool gone: no IPAM pass will free it", StrandedFacts{PoolGone: true, CreatedHere: true}, Decision[FinishStep]{Step: FinishForIPAM}},
+	} {
+		if got := DecideStranded(tc.f); got != tc.want {
+			t.Errorf("stranded, %s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
 	if got := DecideOrphan(true); got != (Decision[FinishStep]{After: 30 * s}) {
 		t.Errorf("owner exists: %+v, want a look in 30s", got)
 	}

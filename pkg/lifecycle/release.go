@@ -130,6 +130,34 @@ func DecideOrphan(ownerExists bool) Decision[FinishStep] {
 	return Decision[FinishStep]{Step: Finish}
 }
 
+// StrandedFacts are what the finish of a stranded IPClaim depends on.
+type StrandedFacts struct {
+	// PoolGone: its IPPool no longer exists; CreatedHere: the webhook created it (a live read);
+	// Addresses: the IPAddresses made for it that still exist.
+	PoolGone, CreatedHere bool
+	Addresses             int
+}
+
+// DecideStranded is the leader's decision on a deleted IPClaim that only the IPAM's finalizer holds.
+func DecideStranded(f StrandedFacts) Decision[FinishStep] {
+	switch {
+	case !f.PoolGone:
+		// The IPAM frees it from its pool's reconcile; should the pool go first (the IPAM lets a
+		// pool go once no IPAddress names it, and a failed IPAddress create still saves the
+		// claim's finalizer), which is no event of the claim, a look later finds it.
+		return wait[FinishStep](clock.OrphanRecheck, "")
+	case !f.CreatedHere:
+		// Stock CAPM3's claims are as without the webhook.
+		return Decision[FinishStep]{}
+	case f.Addresses > 0:
+		// Gone first, the claim would leave them held by the IPAM's finalizer, which nobody removes
+		// without their pool: docs/troubleshooting.md tells the operator how.
+		return wait[FinishStep](clock.OrphanRecheck, "Keeping a deleted claim whose IPPool is gone until its IPAddresses are gone")
+	}
+	// No IPAM pass will come: the claim would hold its namespace's deletion for ever.
+	return Decision[FinishStep]{Step: FinishForIPAM}
+}
+
 // AddressStep is what the leader does with the Metal3 IPAddresses made for one IPClaim.
 type AddressStep int
 

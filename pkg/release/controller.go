@@ -39,7 +39,7 @@ var (
 	}, []string{"kind"})
 	finalizersRemovedTotal = promauto.With(metrics.Registry).NewCounterVec(prometheus.CounterOpts{
 		Name: "ip_preallocator_capm3_finalizers_removed_total",
-		Help: "CAPM3 finalizers the webhook removed from claims CAPM3 would never release, by claim kind and case (deleted-waiting: deleted before its Metal3Data was stored; pool-gone: that, and its IPPool gone, the IPAM's finalizer removed too; orphan: its Metal3Data deleted before CAPM3's first reconcile).",
+		Help: "CAPM3 finalizers the webhook removed from claims CAPM3 would never release, by claim kind and case (deleted-waiting: deleted before its Metal3Data was stored; pool-gone: that, and its IPPool gone, the IPAM's finalizer removed too; orphan: its Metal3Data deleted before CAPM3's first reconcile; stranded: released by CAPM3 and its IPPool gone, the IPAM's finalizer removed).",
 	}, []string{"kind", "case"})
 )
 
@@ -127,6 +127,8 @@ func (r *Release) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result,
 		return r.reconcileDeleting(ctx, claim)
 	case allocation.Orphaned:
 		return r.reconcileOrphan(ctx, claim)
+	case allocation.Stranded:
+		return r.reconcileStranded(ctx, claim)
 	}
 	return ctrl.Result{}, nil
 }

@@ -165,11 +165,16 @@ func (r *Release) poolGone(ctx context.Context, claim *metav1.PartialObjectMetad
 	return allocation.PoolGone(ctx, r.APIReader, cmp.Or(whole.Spec.Pool.Namespace, claim.Namespace), whole.Spec.Pool.Name)
 }
 
-// finalizerRemoved tells of a removal of CAPM3's finalizer, which CAPM3 would otherwise remove.
+// finalizerRemoved tells of a removal of CAPM3's finalizer, which CAPM3 would otherwise remove, or
+// of the IPAM's from a stranded claim.
 func (r *Release) finalizerRemoved(ctx context.Context, claim *metav1.PartialObjectMetadata, kind, note string) {
 	log.FromContext(ctx).Info(note, r.ClaimGVK.Kind, klog.KObj(claim))
 	finalizersRemovedTotal.WithLabelValues(r.ClaimGVK.Kind, kind).Inc()
-	r.Recorder.Eventf(claim, nil, corev1.EventTypeNormal, "CAPM3FinalizerRemoved", "Finish", "%s", note)
+	reason := "CAPM3FinalizerRemoved"
+	if kind == "stranded" {
+		reason = "IPAMFinalizerRemoved"
+	}
+	r.Recorder.Eventf(claim, nil, corev1.EventTypeNormal, reason, "Finish", "%s", note)
 }
 
 // reconcileOrphan removes CAPM3's finalizer from a claim being deleted once a live read shows its
@@ -188,6 +193,41 @@ func (r *Release) reconcileOrphan(ctx context.Context, claim *metav1.PartialObje
 	removed, err := allocation.FinishOrphan(ctx, r.Client, claim, owner.UID)
 	if removed {
 		r.finalizerRemoved(ctx, claim, "orphan", "Removed CAPM3's finalizer from a claim whose Metal3Data "+owner.Name+" is gone: CAPM3 releases nothing for a Metal3Data deleted before its first reconcile")
+	}
+	return ctrl.Result{}, err
+}
+
+// reconcileStranded removes the IPAM's finalizer from a claim the webhook created, which CAPM3
+// released and whose pool is gone, as DecideStranded decides.
+func (r *Release) reconcileStranded(ctx context.Context, claim *metav1.PartialObjectMetadata) (ctrl.Result, error) {
+	whole, err := r.wholeIPClaim(ctx, claim)
+	if err != nil || whole == nil {
+		return ctrl.Result{}, err
+	}
+	var f lifecycle.StrandedFacts
+	if f.PoolGone, err = r.poolGone(ctx, claim, whole); err != nil || !f.PoolGone {
+		return ctrl.Result{RequeueAfter: lifecycle.DecideStranded(f).After}, err
+	}
+	// The cache strips managedFields, which tell who created the claim.
+	live := allocation.Metadata(r.ClaimGVK)
+	if found, err := allocation.Read(ctx, r.APIReader, client.ObjectKeyFromObject(claim), live); !found || live.UID != claim.UID {
+		return ctrl.Result{}, err
+	}
+	addresses, err := index.Addresses(ctx, r.Client, claim.Namespace, claim.UID)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	f.CreatedHere, f.Addresses = allocation.CreatedHere(live), len(addresses)
+	d := lifecycle.DecideStranded(f)
+	if d.Step != lifecycle.FinishForIPAM {
+		if d.Why != "" {
+			log.FromContext(ctx).V(1).Info(d.Why, r.ClaimGVK.Kind, klog.KObj(claim))
+		}
+		return ctrl.Result{RequeueAfter: d.After}, nil
+	}
+	removed, err := allocation.FinishStranded(ctx, r.Client, live)
+	if removed {
+		r.finalizerRemoved(ctx, claim, "stranded", "Removed the IPAM's finalizer from a claim the webhook created, which CAPM3 released: its IPPool is gone, and the IPAM frees claims only from their pool")
 	}
 	return ctrl.Result{}, err
 }

@@ -409,6 +409,60 @@ func TestOrphanFinished(t *testing.T) {
 	}
 }
 
+// TestStrandedFinished: a claim the webhook created, handed over and released by CAPM3, that only
+// the IPAM's finalizer holds after its pool is gone loses that finalizer; while the pool exists, or
+// when CAPM3 created the claim, it is left to the IPAM.
+func TestStrandedFinished(t *testing.T) {
+	ctx := context.Background()
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "tmpl-0-a"}}
+	for _, tc := range []struct {
+		name              string
+		pool, createdHere bool
+		wantGone          bool
+	}{
+		{name: "ours, pool gone", createdHere: true, wantGone: true},
+		{name: "ours, pool there", createdHere: true, pool: true},
+		{name: "CAPM3's, pool gone"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stranded := controllertest.WaitingClaim("tmpl-0-a", "t1")
+			stranded.Annotations = nil
+			stranded.Spec.Pool.Name = "provisioning"
+			stranded.Finalizers = []string{ipamv1.IPClaimFinalizer}
+			stranded.OwnerReferences = []metav1.OwnerReference{{APIVersion: "infrastructure.cluster.x-k8s.io/v1beta2", Kind: "Metal3Data", Name: "tmpl-0", UID: "data-uid"}}
+			if tc.createdHere {
+				stranded.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: allocation.FieldManager, Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "ipam.metal3.io/v1alpha1", FieldsType: "FieldsV1",
+					FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:spec":{"f:pool":{}}}`)}}}
+			}
+			objs := []client.Object{stranded}
+			if tc.pool {
+				objs = append(objs, ipPool("provisioning"))
+			}
+			c := controllertest.IndexedClient(interceptor.Funcs{}, objs...)
+			if err := c.Delete(ctx, stranded); err != nil {
+				t.Fatal(err)
+			}
+			claim := allocation.Metadata(allocation.IPClaimGVK)
+			if err := c.Get(ctx, req.NamespacedName, claim); err != nil || allocation.PhaseOf(claim) != allocation.Stranded {
+				t.Fatalf("phase %v, %v: want stranded", allocation.PhaseOf(claim), err)
+			}
+			recorder := events.NewFakeRecorder(10)
+			r := &Release{Client: c, APIReader: c, GracePeriod: time.Hour, ClaimGVK: allocation.IPClaimGVK, Recorder: recorder}
+			res, err := settle(r, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gone := apierrors.IsNotFound(c.Get(ctx, req.NamespacedName, &ipamv1.IPClaim{}))
+			if gone != tc.wantGone || tc.pool && res.RequeueAfter <= 0 {
+				t.Errorf("gone=%v requeue=%v", gone, res.RequeueAfter)
+			}
+			if got := reasons(recorder); tc.wantGone != slices.Equal(got, []string{"IPAMFinalizerRemoved"}) || !tc.wantGone && len(got) > 0 {
+				t.Errorf("Events %v", got)
+			}
+		})
+	}
+}
+
 // ipPool is the Metal3 IPPool of that name in the claims' namespace.
 func ipPool(name string) *ipamv1.IPPool {
 	return &ipamv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}}
