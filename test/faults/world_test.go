@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -315,7 +316,11 @@ func (sc *scenario) newWorld(ctx context.Context, ns string, n int, share float6
 		shared := fixtures.NewMachine(template(name), 0).InNamespace(ns)
 		for _, obj := range []client.Object{shared.Cluster, shared.Template} {
 			obj.SetUID("")
-			if err := cp.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			// The template's validation fails closed, and a parallel scenario's faults on the
+			// webhook's connections can break the API server's call: the setup tries again, as
+			// a person would, rather than lose the trial.
+			err := retry.OnError(retry.DefaultBackoff, apierrors.IsInternalError, func() error { return cp.Client.Create(ctx, obj) })
+			if err != nil && !apierrors.IsAlreadyExists(err) {
 				return nil, err
 			}
 		}
