@@ -392,13 +392,7 @@ func TestOrphanFinished(t *testing.T) {
 			if err := c.Delete(ctx, owned); err != nil {
 				t.Fatal(err)
 			}
-			recorder := events.NewFakeRecorder(10)
-			r := &Release{Client: c, APIReader: c, GracePeriod: time.Hour, ClaimGVK: allocation.IPClaimGVK, Recorder: recorder}
-			res, err := settle(r, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gone := apierrors.IsNotFound(c.Get(ctx, req.NamespacedName, &ipamv1.IPClaim{}))
+			gone, res, recorder := settleLeader(t, c, req)
 			if gone != tc.wantGone || !tc.wantGone && res.RequeueAfter <= 0 {
 				t.Errorf("gone=%v requeue=%v", gone, res.RequeueAfter)
 			}
@@ -446,13 +440,7 @@ func TestStrandedFinished(t *testing.T) {
 			if err := c.Get(ctx, req.NamespacedName, claim); err != nil || allocation.PhaseOf(claim) != allocation.Stranded {
 				t.Fatalf("phase %v, %v: want stranded", allocation.PhaseOf(claim), err)
 			}
-			recorder := events.NewFakeRecorder(10)
-			r := &Release{Client: c, APIReader: c, GracePeriod: time.Hour, ClaimGVK: allocation.IPClaimGVK, Recorder: recorder}
-			res, err := settle(r, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gone := apierrors.IsNotFound(c.Get(ctx, req.NamespacedName, &ipamv1.IPClaim{}))
+			gone, res, recorder := settleLeader(t, c, req)
 			if gone != tc.wantGone || tc.pool && res.RequeueAfter <= 0 {
 				t.Errorf("gone=%v requeue=%v", gone, res.RequeueAfter)
 			}
@@ -461,6 +449,18 @@ func TestStrandedFinished(t *testing.T) {
 			}
 		})
 	}
+}
+
+// settleLeader settles the leader's look at req's IPClaim and tells whether the claim is gone.
+func settleLeader(t *testing.T, c client.Client, req ctrl.Request) (bool, ctrl.Result, *events.FakeRecorder) {
+	t.Helper()
+	recorder := events.NewFakeRecorder(10)
+	r := &Release{Client: c, APIReader: c, GracePeriod: time.Hour, ClaimGVK: allocation.IPClaimGVK, Recorder: recorder}
+	res, err := settle(r, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return apierrors.IsNotFound(c.Get(context.Background(), req.NamespacedName, &ipamv1.IPClaim{})), res, recorder
 }
 
 // ipPool is the Metal3 IPPool of that name in the claims' namespace.
