@@ -245,7 +245,7 @@ func TestCheckAgainstBaselines(t *testing.T) {
 	}
 	got := strings.Join(againstBaselines(results), "\n")
 	for _, want := range []string{"| namespaces | " + invOrphanAddress + " | 20 of 500 | 5 of 500 | 40.0 / 10.0 | **worse than stock** |",
-		"| recreate | " + invOrphanAddress + " | 2 of 500 | 2 of 500 | 4.0 / 4.0 | not worse, but too few trials to tell (about "} {
+		"| recreate | " + invOrphanAddress + " | 2 of 500 | 2 of 500 | 4.0 / 4.0 | too few trials (about "} {
 		if !strings.Contains(got, want) {
 			t.Errorf("lacks %q:\n%s", want, got)
 		}
@@ -375,7 +375,7 @@ func TestCheckPageSize(t *testing.T) {
 				res.name += "-stock"
 			}
 			res.faults = []namedCount{{name: "SIGKILL of the leader", n: 90}, {name: "SIGKILL of the other replica (or of one while none led)", n: 230}}
-			res.info = []namedCount{{name: "claims created by CAPM3 while the webhook was down", n: 70}, {name: "admissions the webhook did not answer (a replica or its API was faulted)", n: 35}}
+			res.info = []namedCount{{name: infoRecorded}, {name: infoWarned, n: 3}, {name: infoCAPM3Down, n: 70}, {name: infoUnanswered, n: 35}}
 			for range trials {
 				// Stock's own problems under churn, in every trial.
 				counts := map[string]int64{invOrphanAddress: 2, invNamespaces: 1, invNotReady: 1}
@@ -481,6 +481,33 @@ func TestCheckPartsMerge(t *testing.T) {
 	}
 	if strings.Count(page, "\n## kills\n") != 1 {
 		t.Errorf("kills not once on the page:\n%s", page)
+	}
+}
+
+// TestCheckLostTrialsNamed: a trial that failed before its counts were recorded is named on the
+// page, for either arm, and survives the JSON a later part resumes from.
+func TestCheckLostTrialsNamed(t *testing.T) {
+	r := &suiteReport{started: time.Now()}
+	webhook := withTrials(&scenarioResult{name: "by-hand", title: "t", compared: comparedToStock}, 10, invOrphanAddress, 0, 0, 0, 0)
+	stock := withTrials(&scenarioResult{name: "by-hand-stock", control: true}, 10, invOrphanAddress, 0, 0, 0, 0, 0)
+	r.results = []*scenarioResult{webhook, stock}
+	r.lose(&scenario{name: "by-hand", trial: 1}, "t")
+	r.lose(&scenario{name: "by-hand-stock", trial: 3, control: true}, "t")
+	page, path := writtenPage(t, r, sizes{name: "full", trials: 5, maxTrials: 5}, false, nil)
+	for _, want := range []string{
+		"- trials lost, not counted (they failed before their counts were recorded; the run's log says why): 1\n",
+		"5 trials, 50 Metal3Data stored; trials lost, not counted (they failed before their counts were recorded; the run's log says why): 3\n",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q:\n%s", want, page)
+		}
+	}
+	resumed := &suiteReport{}
+	if _, err := resumed.resume(jsonBeside(path), sizes{name: "full"}, "unknown", true); err != nil {
+		t.Fatal(err)
+	}
+	if len(resumed.results) != 2 || !slices.Equal(resumed.results[0].lost, []int{1}) || !slices.Equal(resumed.results[1].lost, []int{3}) {
+		t.Errorf("lost trials after the JSON: %+v", resumed.results)
 	}
 }
 

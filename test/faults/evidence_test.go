@@ -44,6 +44,7 @@ type scenarioEvidence struct {
 	Counts   []countEvidence `json:"counts"`
 	Info     []countEvidence `json:"info,omitempty"`
 	Trials   []trialEvidence `json:"trials"`
+	Lost     []int           `json:"lost,omitempty"`
 }
 
 type countEvidence struct {
@@ -90,7 +91,7 @@ func toEvidence(res *scenarioResult) scenarioEvidence {
 	}
 	se := scenarioEvidence{Name: res.name, Title: res.title, Stock: res.control, Failed: res.failed, Compared: res.compared,
 		Took: res.duration.Round(time.Second).String(), Attempts: res.attempts, Admitted: res.admitted,
-		Faults: counts(res.faults), Counts: counts(res.counts), Info: counts(res.info)}
+		Faults: counts(res.faults), Counts: counts(res.counts), Info: counts(res.info), Lost: res.lost}
 	for i, tr := range res.perTrial {
 		te := trialEvidence{Load: tr.load, Stored: tr.stored, Counts: tr.counts, Capacity: tr.capacity, Evidence: tr.evidence, Figures: tr.figures}
 		if i < len(res.tables) {
@@ -112,7 +113,7 @@ func fromEvidence(se scenarioEvidence) *scenarioResult {
 	took, _ := time.ParseDuration(se.Took)
 	res := &scenarioResult{name: se.Name, title: se.Title, control: se.Stock, failed: se.Failed, compared: se.Compared,
 		trials: len(se.Trials), duration: took, attempts: se.Attempts, admitted: se.Admitted,
-		faults: counts(se.Faults), counts: counts(se.Counts), info: counts(se.Info)}
+		faults: counts(se.Faults), counts: counts(se.Counts), info: counts(se.Info), lost: se.Lost}
 	for _, te := range se.Trials {
 		res.perTrial = append(res.perTrial, trialCounts{load: te.Load, stored: te.Stored, counts: te.Counts, capacity: te.Capacity,
 			evidence: te.Evidence, figures: te.Figures})

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,8 @@ type scenarioResult struct {
 	tables [][]string
 	// perTrial are each trial's Metal3Data stored and invariant counts.
 	perTrial []trialCounts
+	// lost are the trials that failed before their counts were recorded.
+	lost     []int
 	duration time.Duration
 }
 
@@ -81,25 +84,37 @@ func sumInto(dst *[]namedCount, src []namedCount) {
 	}
 }
 
-func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount, took time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var res *scenarioResult
-	for _, x := range r.results {
-		if x.name == sc.name {
-			res = x
-		}
-	}
-	if res == nil {
-		res = &scenarioResult{name: sc.name, title: title, control: sc.control, compared: sc.compared}
-		r.results = append(r.results, res)
-	}
+// resultOf is the result of sc's arm, new if none is yet; r.mu is held.
+func (r *suiteReport) resultOf(sc *scenario, title string) *scenarioResult {
 	if r.ran == nil {
 		r.ran = map[string]bool{}
 	}
 	r.ran[baseName(sc.name)] = true
+	for _, x := range r.results {
+		if x.name == sc.name {
+			return x
+		}
+	}
+	res := &scenarioResult{name: sc.name, title: title, control: sc.control, compared: sc.compared}
+	r.results = append(r.results, res)
+	return res
+}
+
+// lose records that sc's trial failed before its counts were recorded.
+func (r *suiteReport) lose(sc *scenario, title string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res := r.resultOf(sc, title)
+	res.lost = append(res.lost, sc.trial)
+}
+
+func (r *suiteReport) add(sc *scenario, title string, counts, info []namedCount, took time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res := r.resultOf(sc, title)
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
+	sc.recorded = true
 	res.trials++
 	res.duration += took
 	sumInto(&res.faults, sc.faults)
@@ -247,6 +262,8 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 	p("it, nothing else running, where the scenario faults the replicas or measures latency.")
 	p("Each Metal3Data has claims in two Metal3 IPPools; %.0f%% (%.0f%% in concurrent, all in recreate,", 100*inClusterShare, 100*concurrentInClusterShare)
 	p("none in leader-loss) one in an InClusterIPPool too, whose provider handles one claim at a time.")
+	p("A claim left to CAPM3 with a warning is one the webhook's log, its PreallocationIncomplete")
+	p("Event or an admission warning names: not created in time, or CAPM3 created it first.")
 	p("")
 	p("The run took %v.", wall.Round(time.Second))
 	p("")
@@ -289,11 +306,9 @@ func (r *suiteReport) write(path string, s sizes, passed bool) error {
 		}
 		p("%s", trialLoads(res))
 		if base := baselineOf(r.results, res); base != nil {
-			line := fmt.Sprintf("- its baseline (stock CAPM3 and the IPAMs alone, the same workload and faults): %d trials, %d Metal3Data stored", base.trials, base.admitted)
-			for _, c := range base.info {
-				line += fmt.Sprintf("; %s: %d", c.name, c.n)
-			}
-			p("%s", line)
+			// Its other counts are the webhook's, which does not serve a baseline: the JSON has them.
+			p("- its baseline (stock CAPM3 and the IPAMs alone, the same workload and faults): %d trials, %d Metal3Data stored%s",
+				base.trials, base.admitted, lostTrials(base, "; "))
 		}
 		p("")
 	}
@@ -411,7 +426,9 @@ func againstBaselines(results []*scenarioResult) []string {
 		case c.verdict == verdictWorse:
 			verdict = "**" + verdict + "**"
 		case c.verdict == verdictUnderpowered && c.trialsNeeded > 0:
-			verdict += fmt.Sprintf(" (about %d trials each)", c.trialsNeeded)
+			verdict = fmt.Sprintf("too few trials (about %d each)", c.trialsNeeded)
+		case c.verdict == verdictUnderpowered:
+			verdict = "too few trials"
 		}
 		lines = append(lines, fmt.Sprintf("| %s | %s | %d of %d | %d of %d | %.1f / %.1f | %s | %.2f | %.0f%% | %.1f |", res.name, n, k, res.admitted, stockK, stock.admitted,
 			1000*float64(k)/float64(max(res.admitted, 1)), 1000*float64(stockK)/float64(max(stock.admitted, 1)), verdict, c.z, 100*c.power, c.dispersion))
@@ -492,8 +509,9 @@ func (r *suiteReport) meaning(passed bool) []string {
 		"to stock's only in the namespaces' deletion time. The criterion, fixed before the run: worse when",
 		"a one-sided quasi-Poisson score test at 5% finds the webhook's rate per stored Metal3Data above",
 		"stock's, with the trial-to-trial variance as its dispersion; a pass needs 80% power against a",
-		"true 2x where either arm has events. A comparison the webhook's arm could not fail even at its",
-		"most (slow or stuck namespaces: one per namespace) says so and is no pass.",
+		"true 2x where either arm has events (\"too few trials\": not found worse, without that power,",
+		"and about how many trials of each arm would give it). A comparison the webhook's arm could not",
+		"fail even at its most (slow or stuck namespaces: one per namespace) says so and is no pass.",
 		"")
 	if lines := againstBaselines(r.results); len(lines) > 0 {
 		out = append(out, lines...)
@@ -605,10 +623,39 @@ func armLines(res *scenarioResult, names []string) []string {
 			out = append(out, fmt.Sprintf("- %s (must be 0): %d", c.name, c.n))
 		}
 	}
+	var info []string
 	for _, c := range res.info {
-		out = append(out, fmt.Sprintf("- %s: %d", c.name, c.n))
+		info = append(info, fmt.Sprintf("%s: %d", cmp.Or(infoLabels[c.name], c.name), c.n))
+	}
+	if len(info) > 0 {
+		out = append(out, "- "+strings.Join(info, "; "))
+	}
+	if lost := lostTrials(res, ""); lost != "" {
+		out = append(out, "- "+lost)
 	}
 	return out
+}
+
+// infoLabels are the page's short names of the webhook arm's counts that are not asserted; "How
+// it was measured" says what a warning is.
+var infoLabels = map[string]string{
+	infoRecorded:   "claims CAPM3 created while the webhook was up, recorded by it",
+	infoWarned:     "claims left to CAPM3 with a warning, which CAPM3 then created as designed",
+	infoCAPM3Down:  "claims created by CAPM3 while the webhook was down",
+	infoUnanswered: "admissions unanswered (a replica or its API faulted)",
+}
+
+// lostTrials names the trials of an arm that failed before their counts were recorded, after
+// sep; "" when there are none.
+func lostTrials(res *scenarioResult, sep string) string {
+	if len(res.lost) == 0 {
+		return ""
+	}
+	trials := make([]string, len(res.lost))
+	for i, n := range res.lost {
+		trials[i] = strconv.Itoa(n)
+	}
+	return fmt.Sprintf("%strials lost, not counted (they failed before their counts were recorded; the run's log says why): %s", sep, strings.Join(trials, ", "))
 }
 
 // trialLoads is the page's line of the load during each trial; a baseline's trial runs beside or

@@ -105,6 +105,13 @@ func runArm(t *testing.T, title, name string, trial int, stock bool, compared []
 	}
 	// Every stock admission goes unanswered by the webhook, by design.
 	sc.webhookFaults = sc.webhookFaults || stock
+	// A trial that fails before its counts are recorded (t.Fatal at its setup, say) is named on
+	// the page, lest an arm show fewer trials than its partner without a word.
+	defer func() {
+		if !sc.recorded {
+			report.lose(sc, title)
+		}
+	}()
 	started := time.Now()
 	load := loadAverage()
 	run(ctx, sc)

@@ -65,6 +65,8 @@ type scenario struct {
 	// lastActivity is when the scenario last created, deleted or faulted anything; the checks
 	// run after the grace period counted from there.
 	lastActivity time.Time
+	// recorded: the trial's counts reached the report; a trial that failed before is lost.
+	recorded bool
 }
 
 // newScenario starts a trial of a scenario. Its random choices follow from the run's seed, the
