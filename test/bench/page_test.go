@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -16,31 +17,9 @@ import (
 // pays, names every compared scenario (and every scale scenario, once make bench-scale's results
 // are committed), stays under 15 KB and quotes no commit.
 func TestPageFromResults(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("..", "..", "bench", "results", "results.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	report := &Report{}
-	if err := json.Unmarshal(data, report); err != nil {
-		t.Fatal(err)
-	}
-	scale, err := loadReport(filepath.Join("..", ".."), filepath.Join("bench", "results", "scale"))
-	if errors.Is(err, fs.ErrNotExist) {
-		scale = nil
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "benchmarks.md")
-	if err := writePage(path, report, scale); err != nil {
-		t.Fatal(err)
-	}
-	page, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(page)
-	if len(page) > 15000 {
-		t.Errorf("page of %d bytes, want at most 15000", len(page))
+	report, scale, text := pageFromResults(t)
+	if len(text) > 15000 {
+		t.Errorf("page of %d bytes, want at most 15000", len(text))
 	}
 	if pays, ratios := strings.Index(text, "## When it pays"), strings.Index(text, "## Every ratio"); pays < 0 || ratios < pays {
 		t.Errorf("the page does not open with when it pays (at %d, every ratio at %d)", pays, ratios)
@@ -84,4 +63,110 @@ func TestVerdict(t *testing.T) {
 			t.Errorf("verdict(%v, %v) = %q, want %q", tc.ratio, tc.noise, got, tc.want)
 		}
 	}
+}
+
+// pageFromResults writes the page from the committed results, as make bench does.
+func pageFromResults(t *testing.T) (report, scale *Report, page string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "bench", "results", "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	report = &Report{}
+	if err := json.Unmarshal(data, report); err != nil {
+		t.Fatal(err)
+	}
+	scale, err = loadReport(filepath.Join("..", ".."), filepath.Join("bench", "results", "scale"))
+	if errors.Is(err, fs.ErrNotExist) {
+		scale = nil
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "benchmarks.md")
+	if err := writePage(path, report, scale); err != nil {
+		t.Fatal(err)
+	}
+	written, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return report, scale, string(written)
+}
+
+// readmeScenarios are the rows of the README's "When it pays" table, by the scenario they quote.
+var readmeScenarios = map[string]string{
+	"CAPM3 held, then resumed (a restart or upgrade under load)": "default-limits/backlog",
+	"machines one after another":                                 "default-limits/idle",
+	"a burst, the Metal3 IPAM's limits raised":                   "default-limits/burst-fast-ipam",
+	"a burst at CAPM3's default limits":                          "default-limits/burst",
+	"a burst, CAPM3's and the IPAM's limits raised":              "raised-limits/burst",
+	"the same, over 10 templates":                                "raised-limits/burst-spread",
+	"the same burst while the webhook's leader is killed":        "raised-limits/leader-loss",
+}
+
+// TestReadmeQuotesTheResults: the README's "When it pays" table quotes the committed results as
+// the page has them: each row's machines and both totals, and the page's verdict where it says
+// the webhook pays or costs (and "pays" or "costs" nowhere else).
+func TestReadmeQuotesTheResults(t *testing.T) {
+	_, _, page := pageFromResults(t)
+	measured := map[string][]string{}
+	for _, cells := range tableRows(page, "| setting | scenario | what it models |") {
+		measured[cells[0]+"/"+cells[1]] = cells
+	}
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := tableRows(string(readme), "| scenario | machines | stock |")
+	if len(rows) != len(readmeScenarios) {
+		t.Errorf("the README's table has %d rows, want %d", len(rows), len(readmeScenarios))
+	}
+	total := func(cell string) string { return strings.Split(cell, ",")[0] + " s" }
+	for _, quoted := range rows {
+		scenario, ok := readmeScenarios[quoted[0]]
+		if !ok {
+			t.Errorf("the README's row %q quotes no known scenario", quoted[0])
+			continue
+		}
+		m := measured[scenario]
+		if m == nil {
+			t.Errorf("%s: quoted by the README, not in the results", scenario)
+			continue
+		}
+		if got, want := quoted[1:4], []string{m[3], total(m[4]), total(m[5])}; !slices.Equal(got, want) {
+			t.Errorf("%s: the README says machines, stock, preallocated %q; the results %q", scenario, got, want)
+		}
+		verdict, said := m[len(m)-1], quoted[4]
+		switch {
+		case strings.HasPrefix(verdict, "pays") || strings.HasPrefix(verdict, "costs"):
+			if !strings.HasPrefix(said, verdict) {
+				t.Errorf("%s: the README says %q; the results %q", scenario, said, verdict)
+			}
+		case strings.HasPrefix(said, "pays") || strings.HasPrefix(said, "costs"):
+			t.Errorf("%s: the README says %q; the results %q", scenario, said, verdict)
+		}
+	}
+}
+
+// tableRows are the cells of the rows of the Markdown table under header.
+func tableRows(text, header string) [][]string {
+	_, table, found := strings.Cut(text, header)
+	if !found {
+		return nil
+	}
+	var rows [][]string
+	for i, line := range strings.Split(table, "\n") {
+		if i < 2 {
+			continue // the rest of the header, and its rule
+		}
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		for j := range cells {
+			cells[j] = strings.TrimSpace(cells[j])
+		}
+		rows = append(rows, cells)
+	}
+	return rows
 }
