@@ -457,7 +457,7 @@ func printCPU(out io.Writer, r *Report) {
 }
 
 func printComparisons(out io.Writer, r *Report) {
-	fmt.Fprintln(out, "\nPreallocated over stock: each repetition's preallocated run over its stock run; mean ±standard deviation (min–max) over the repetitions. Noise: the larger, between the modes, of the range of one mode's runs relative to their mean.")
+	fmt.Fprintln(out, "\nPreallocated over stock: each repetition's preallocated run over its stock run; mean ±standard deviation over the repetitions (each repetition's ratio is in the results' JSON). Noise: the larger, between the modes, of the range of one mode's runs relative to their mean.")
 	printRatios(out, r.Comparisons, false)
 	if len(r.WebhookCosts) > 0 {
 		fmt.Fprintln(out, "\nWhat any webhook costs and what preallocation adds: the no-op webhook's runs, interleaved with the others, over stock's of the same repetition, and preallocated's over the no-op's; noise as above, of the two modes compared.")
@@ -498,7 +498,7 @@ func printRatios(out io.Writer, comparisons []Comparison, withModes bool) {
 			case 1:
 				cells[i] = fmt.Sprintf("%.2f", ratio.Mean)
 			default:
-				cells[i] = fmt.Sprintf("%.2f ±%.2f (%.2f–%.2f)", ratio.Mean, ratio.StdDev, ratio.Min, ratio.Max)
+				cells[i] = fmt.Sprintf("%.2f ±%.2f", ratio.Mean, ratio.StdDev)
 			}
 		}
 		pair := ""
