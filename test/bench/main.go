@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -56,7 +55,8 @@ type config struct {
 	webhookArgs string
 	// page is the Markdown page written from the results, relative to the repository; empty: none.
 	page string
-	// pageOnly writes the page from the results already in the results directory, and runs nothing.
+	// pageOnly writes the page, and the results and plots in their current format, from the results already
+	// in the results directories, and runs nothing.
 	pageOnly bool
 	// profiled are the setting/scenario names whose runs profile the API server's CPU.
 	profiled []string
@@ -102,7 +102,7 @@ func main() {
 	flag.IntVar(&c.slow, "slow", 0, "Metal3DataClaims created --slow-rate per second in the slow-arrival scenario (scale scenarios only); 0 leaves it out.")
 	flag.Float64Var(&c.slowRate, "slow-rate", 10, "Metal3DataClaims per second in the slow-arrival scenario.")
 	flag.StringVar(&c.page, "page", "docs/benchmarks.md", "Page written from the results, relative to the repository; empty for none.")
-	flag.BoolVar(&c.pageOnly, "page-only", false, "Only write the page from the results already saved.")
+	flag.BoolVar(&c.pageOnly, "page-only", false, "Only write the page, and the results and plots in their current format, from the results already saved.")
 	flag.IntVar(&c.fleet, "fleet", 0, "Ready machines of a standing fleet, over 10 namespaces, written directly before the scenarios run (as a restore from backup would), which CAPM3, the IPAM and the webhook then hold in their caches.")
 	c.profiled = []string{"raised-limits/burst"}
 	flag.Func("profile", "Profile the API server's CPU during the runs of these setting/scenario names, separated by commas (default raised-limits/burst); each profile goes to the logs directory, what it went to into the results.", func(v string) error {
@@ -402,7 +402,7 @@ func save(report *Report, root, results string, out io.Writer) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	data, err := json.MarshalIndent(report, "", "  ")
+	data, err := encodeReport(report)
 	if err != nil {
 		return err
 	}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // scenarioModels says what each scenario stands for, for the reader deciding whether to install.
@@ -26,8 +28,8 @@ var scenarioModels = map[string]string{
 // there is one.
 func writePage(path string, r, scale *Report) error {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` from `bench/results/results.json` (%s to %s UTC); nothing here is typed by hand.\n",
-		r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.UTC().Format("15:04"))
+	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` from `bench/results/results.json` (%s); nothing here is typed by hand.\n",
+		timeSpan(r.Started, r.Finished))
 	writeParts(&b, r, settings())
 	fmt.Fprintln(&b, "\n## When it pays")
 	fmt.Fprintln(&b, "\nStock CAPM3 beside CAPM3 with ip-preallocator, in the same run, alternating which goes first. The time from the first Metal3DataClaim to the last Metal3Data Ready (total) and the median time to Ready, means over the repetitions; the ratio is the mean of each repetition's preallocated total over its stock total, with the noise of the two modes' own runs.")
@@ -71,6 +73,14 @@ func rewritePage(root string, c config) (*Report, error) {
 		scale = nil
 	} else if err != nil {
 		return nil, err
+	}
+	if err := save(report, root, c.results, io.Discard); err != nil {
+		return nil, err
+	}
+	if scale != nil {
+		if err := save(scale, root, c.scaleResults, io.Discard); err != nil {
+			return nil, err
+		}
 	}
 	return report, writePage(filepath.Join(root, c.page), report, scale)
 }
@@ -124,4 +134,14 @@ func verdict(ratio, noise float64) string {
 		return fmt.Sprintf("costs: %.0f%% more", 100*(ratio-1))
 	}
 	return "no difference beyond the noise"
+}
+
+// timeSpan says when something ran, in UTC, with the end's date where it is another day's.
+func timeSpan(start, end time.Time) string {
+	start, end = start.UTC(), end.UTC()
+	to := end.Format("15:04")
+	if end.Format(time.DateOnly) != start.Format(time.DateOnly) {
+		to = end.Format("2006-01-02 15:04")
+	}
+	return start.Format("2006-01-02 15:04") + " to " + to + " UTC"
 }

@@ -129,7 +129,7 @@ func writeParts(b *bytes.Buffer, r *Report, settings []setting) {
 		if i == len(r.Parts)-1 {
 			sep = "."
 		}
-		fmt.Fprintf(b, " %s to %s UTC, %s%s", p.Started.UTC().Format("2006-01-02 15:04"), p.Finished.UTC().Format("15:04"), strings.Join(p.Scenarios, ", "), sep)
+		fmt.Fprintf(b, " %s, %s%s", timeSpan(p.Started, p.Finished), strings.Join(p.Scenarios, ", "), sep)
 	}
 	fmt.Fprintln(b)
 }
