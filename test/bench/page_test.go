@@ -170,3 +170,41 @@ func tableRows(text, header string) [][]string {
 	}
 	return rows
 }
+
+// readmeScaleScenarios are the scale scenarios the README's "at scale" table quotes, by its labels.
+var readmeScaleScenarios = map[string]string{
+	"CAPM3 held, then resumed":            "default-limits/backlog",
+	"a burst over 10 templates":           "default-limits/burst-spread",
+	"the same, limits raised":             "raised-limits/burst-spread",
+	"10 machines a second, limits raised": "raised-limits/slow",
+}
+
+// TestReadmeQuotesTheScaleResults: the README's "at scale" table quotes the committed scale
+// results as the page has them: both totals and the ratio of every scale scenario.
+func TestReadmeQuotesTheScaleResults(t *testing.T) {
+	_, _, page := pageFromResults(t)
+	measured := map[string][]string{}
+	for _, cells := range tableRows(page, "| setting | scenario | machines | runs of each mode |") {
+		measured[cells[0]+"/"+cells[1]] = cells
+	}
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := tableRows(string(readme), "| at scale | stock |")
+	if len(rows) != len(readmeScaleScenarios) || len(measured) != len(readmeScaleScenarios) {
+		t.Errorf("the README's at-scale table has %d rows and the page %d, want %d", len(rows), len(measured), len(readmeScaleScenarios))
+	}
+	total := func(cell string) string { return strings.Split(cell, ",")[0] + " s" }
+	for _, quoted := range rows {
+		scenario, ok := readmeScaleScenarios[quoted[0]]
+		m := measured[scenario]
+		if !ok || m == nil {
+			t.Errorf("the README's row %q quotes no measured scale scenario", quoted[0])
+			continue
+		}
+		if got, want := quoted[1:4], []string{total(m[5]), total(m[6]), m[7] + "×"}; !slices.Equal(got, want) {
+			t.Errorf("%s: the README says stock, preallocated, ratio %q; the results %q", scenario, got, want)
+		}
+	}
+}
