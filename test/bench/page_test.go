@@ -108,42 +108,19 @@ var readmeScenarios = map[string]string{
 // the page has them: each row's machines and both totals, and the page's verdict where it says
 // the webhook pays or costs (and "pays" or "costs" nowhere else).
 func TestReadmeQuotesTheResults(t *testing.T) {
-	_, _, page := pageFromResults(t)
-	measured := map[string][]string{}
-	for _, cells := range tableRows(page, "| setting | scenario | what it models |") {
-		measured[cells[0]+"/"+cells[1]] = cells
-	}
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows := tableRows(string(readme), "| scenario | machines | stock |")
-	if len(rows) != len(readmeScenarios) {
-		t.Errorf("the README's table has %d rows, want %d", len(rows), len(readmeScenarios))
-	}
-	total := func(cell string) string { return strings.Split(cell, ",")[0] + " s" }
-	for _, quoted := range rows {
-		scenario, ok := readmeScenarios[quoted[0]]
-		if !ok {
-			t.Errorf("the README's row %q quotes no known scenario", quoted[0])
-			continue
-		}
-		m := measured[scenario]
-		if m == nil {
-			t.Errorf("%s: quoted by the README, not in the results", scenario)
-			continue
-		}
-		if got, want := quoted[1:4], []string{m[3], total(m[4]), total(m[5])}; !slices.Equal(got, want) {
-			t.Errorf("%s: the README says machines, stock, preallocated %q; the results %q", scenario, got, want)
+	for _, q := range readmeQuotes(t, "| setting | scenario | what it models |", "| scenario | machines | stock |", readmeScenarios) {
+		m, quoted := q.measured, q.quoted
+		if got, want := quoted[1:4], []string{m[3], totalOf(m[4]), totalOf(m[5])}; !slices.Equal(got, want) {
+			t.Errorf("%s: the README says machines, stock, preallocated %q; the results %q", q.scenario, got, want)
 		}
 		verdict, said := m[len(m)-1], quoted[4]
 		switch {
 		case strings.HasPrefix(verdict, "pays") || strings.HasPrefix(verdict, "costs"):
 			if !strings.HasPrefix(said, verdict) {
-				t.Errorf("%s: the README says %q; the results %q", scenario, said, verdict)
+				t.Errorf("%s: the README says %q; the results %q", q.scenario, said, verdict)
 			}
 		case strings.HasPrefix(said, "pays") || strings.HasPrefix(said, "costs"):
-			t.Errorf("%s: the README says %q; the results %q", scenario, said, verdict)
+			t.Errorf("%s: the README says %q; the results %q", q.scenario, said, verdict)
 		}
 	}
 }
@@ -182,29 +159,47 @@ var readmeScaleScenarios = map[string]string{
 // TestReadmeQuotesTheScaleResults: the README's "at scale" table quotes the committed scale
 // results as the page has them: both totals and the ratio of every scale scenario.
 func TestReadmeQuotesTheScaleResults(t *testing.T) {
+	for _, q := range readmeQuotes(t, "| setting | scenario | machines | runs of each mode |", "| at scale | stock |", readmeScaleScenarios) {
+		if got, want := q.quoted[1:4], []string{totalOf(q.measured[5]), totalOf(q.measured[6]), q.measured[7] + "×"}; !slices.Equal(got, want) {
+			t.Errorf("%s: the README says stock, preallocated, ratio %q; the results %q", q.scenario, got, want)
+		}
+	}
+}
+
+// quote is a row of a README table and the page's row of the scenario it names.
+type quote struct {
+	scenario         string
+	quoted, measured []string
+}
+
+// readmeQuotes pairs each row of the README's table under readmeHeader with the row of the page's
+// table under pageHeader for the scenario scenarios gives for its label; the README quotes every
+// one of them, and nothing else.
+func readmeQuotes(t *testing.T, pageHeader, readmeHeader string, scenarios map[string]string) []quote {
+	t.Helper()
 	_, _, page := pageFromResults(t)
 	measured := map[string][]string{}
-	for _, cells := range tableRows(page, "| setting | scenario | machines | runs of each mode |") {
+	for _, cells := range tableRows(page, pageHeader) {
 		measured[cells[0]+"/"+cells[1]] = cells
 	}
 	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := tableRows(string(readme), "| at scale | stock |")
-	if len(rows) != len(readmeScaleScenarios) || len(measured) != len(readmeScaleScenarios) {
-		t.Errorf("the README's at-scale table has %d rows and the page %d, want %d", len(rows), len(measured), len(readmeScaleScenarios))
+	rows := tableRows(string(readme), readmeHeader)
+	if len(rows) != len(scenarios) {
+		t.Errorf("the README's table %q has %d rows, want %d", readmeHeader, len(rows), len(scenarios))
 	}
-	total := func(cell string) string { return strings.Split(cell, ",")[0] + " s" }
-	for _, quoted := range rows {
-		scenario, ok := readmeScaleScenarios[quoted[0]]
-		m := measured[scenario]
-		if !ok || m == nil {
-			t.Errorf("the README's row %q quotes no measured scale scenario", quoted[0])
-			continue
-		}
-		if got, want := quoted[1:4], []string{total(m[5]), total(m[6]), m[7] + "×"}; !slices.Equal(got, want) {
-			t.Errorf("%s: the README says stock, preallocated, ratio %q; the results %q", scenario, got, want)
+	var quotes []quote
+	for _, row := range rows {
+		if m := measured[scenarios[row[0]]]; m != nil {
+			quotes = append(quotes, quote{scenarios[row[0]], row, m})
+		} else {
+			t.Errorf("the README's row %q quotes no measured scenario", row[0])
 		}
 	}
+	return quotes
 }
+
+// totalOf is a page's "total, p50, ..." cell's total as the README quotes it.
+func totalOf(cell string) string { return strings.Split(cell, ",")[0] + " s" }
