@@ -55,8 +55,8 @@ type config struct {
 	webhookArgs string
 	// page is the Markdown page written from the results, relative to the repository; empty: none.
 	page string
-	// pageOnly writes the page, and the results and plots in their current format, from the results already
-	// in the results directories, and runs nothing.
+	// pageOnly writes the page, and the results and plots in their current format, from the
+	// results already in the results directories, and runs nothing.
 	pageOnly bool
 	// profiled are the setting/scenario names whose runs profile the API server's CPU.
 	profiled []string
