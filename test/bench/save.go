@@ -21,9 +21,10 @@ func saveImage(img *vgimg.Canvas, path string) error {
 	return f.Close()
 }
 
-// encodeReport writes the report as indented JSON, with each machine's times to the millisecond
-// and every array of numbers or plain words on one line: one to a line, the thousands of machines
-// of a scale run would take megabytes.
+// encodeReport rounds each machine's times in the report to the millisecond, so that a page
+// written after it reads what the file keeps, and writes the report as indented JSON with every
+// array of numbers or plain words on one line: one to a line, the thousands of machines of a scale
+// run would take megabytes.
 func encodeReport(report *Report) ([]byte, error) {
 	for i := range report.Runs {
 		for _, times := range [][]float64{report.Runs[i].TimeToReady, report.Runs[i].BeforeData} {
