@@ -27,6 +27,11 @@ const (
 	// CreatedQueue: created admissions waiting for the hand-over's queue; a burst of CAPM3's
 	// template loop stays far below it.
 	CreatedQueue = 1024
+	// CAPM3DefaultQPS is CAPM3's default --kube-api-qps, above which admissions are left to CAPM3.
+	// At it, CAPM3's reconciles wait on their client limit, and the claims' work done meanwhile
+	// pays; at the raised limit make bench measures, CAPM3 claims as soon as a Metal3Data is stored
+	// and every preallocation is paid in its serial template loop.
+	CAPM3DefaultQPS = 20
 )
 
 // Creates of claims are retried within the admission's creation timeout.

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
+	"github.com/metal3-community/ip-preallocator/pkg/clock"
 )
 
 const (
@@ -29,6 +30,7 @@ const (
 	ProviderName = "metal3"
 
 	bmhNameFlag = "enable-bmh-name-based-preallocation"
+	qpsFlag     = "kube-api-qps"
 )
 
 // Found is what the guard found of the CAPM3 installs in the cluster.
@@ -54,6 +56,7 @@ const (
 	ReasonNotFound           = "CAPM3NotFound"
 	ReasonVersionNotMirrored = "CAPM3VersionNotMirrored"
 	ReasonNamingDiffers      = "CAPM3NamingDiffers"
+	ReasonLimitsRaised       = "CAPM3LimitsRaised"
 )
 
 // Check tells whether the webhook may preallocate beside what was found. version, when set, is the
@@ -108,6 +111,49 @@ func Check(f Found, version string, bmhNameBased bool) Refusal {
 		}
 	}
 	return Refusal{}
+}
+
+// LimitsRaised says which of CAPM3's Deployments runs its client above CAPM3's default rate
+// limit, or "" if none does. There CAPM3 claims as soon as a Metal3Data is stored, and whatever an
+// admission adds is paid once per machine in CAPM3's serial template loop: nothing is left to win.
+func LimitsRaised(deployments []appsv1.Deployment) string {
+	for i := range deployments {
+		d := &deployments[i]
+		qps, err := qpsOf(manager(*d))
+		if err != nil {
+			return fmt.Sprintf("CAPM3 Deployment %s: %v", klog.KObj(d), err)
+		}
+		if qps > clock.CAPM3DefaultQPS {
+			return fmt.Sprintf("CAPM3 Deployment %s runs with --%s=%g, above its default %d: CAPM3 claims as soon as a Metal3Data is stored, and a preallocation would only slow its template loop",
+				klog.KObj(d), qpsFlag, qps, clock.CAPM3DefaultQPS)
+		}
+	}
+	return ""
+}
+
+// qpsOf reads the client rate limit flag as CAPM3's pflag does: "--flag=value" or "--flag value",
+// the last occurrence wins, absent is the default.
+func qpsOf(c corev1.Container) (float64, error) {
+	qps := float64(clock.CAPM3DefaultQPS)
+	args := slices.Concat(c.Command, c.Args)
+	for i, arg := range args {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+		if !strings.HasPrefix(arg, "-") || name != qpsFlag {
+			continue
+		}
+		if !hasValue {
+			if i+1 == len(args) {
+				return 0, fmt.Errorf("%q has no value", arg)
+			}
+			value = args[i+1]
+		}
+		v, err := strconv.ParseFloat(value, 32)
+		if err != nil {
+			return 0, fmt.Errorf("cannot read %q as a number", value)
+		}
+		qps = v
+	}
+	return qps, nil
 }
 
 // Mirrored tells whether CAPM3 v creates the claims allocation mirrors: allocation.CAPM3Version and

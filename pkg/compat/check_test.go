@@ -87,3 +87,34 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+func TestLimitsRaised(t *testing.T) {
+	const image = "quay.io/metal3-io/cluster-api-provider-metal3:v1.13.2"
+	for _, tc := range []struct {
+		name string
+		args []string
+		// raised is a part of the verdict; empty: CAPM3 runs at its default limit.
+		raised string
+	}{
+		{name: "the default", args: []string{"--webhook-port=9443"}},
+		{name: "the default, written out", args: []string{"--kube-api-qps=20", "--kube-api-burst=30"}},
+		{name: "a lower limit", args: []string{"--kube-api-qps=5"}},
+		{name: "raised", args: []string{"--kube-api-qps=100"}, raised: "capm3-system/capm3-controller-manager runs with --kube-api-qps=100, above its default 20"},
+		{name: "raised, value as the next argument", args: []string{"--kube-api-qps", "50.5"}, raised: "--kube-api-qps=50.5"},
+		{name: "the last occurrence wins", args: []string{"--kube-api-qps=100", "--kube-api-qps=20"}},
+		{name: "only the burst raised", args: []string{"--kube-api-burst=1000"}},
+		{name: "a flag clusterctl did not substitute", args: []string{"--kube-api-qps=${CAPM3_KUBE_API_QPS:=20}"},
+			raised: `cannot read "${CAPM3_KUBE_API_QPS:=20}" as a number`},
+		{name: "no value", args: []string{"--kube-api-qps"}, raised: `"--kube-api-qps" has no value`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := LimitsRaised([]appsv1.Deployment{deployment(image), deployment(image, tc.args...)})
+			if tc.raised == "" && got != "" || !strings.Contains(got, tc.raised) {
+				t.Errorf("LimitsRaised() = %q, want one containing %q", got, tc.raised)
+			}
+			if tc.raised != "" && got == "" {
+				t.Errorf("LimitsRaised() = \"\", want one containing %q", tc.raised)
+			}
+		})
+	}
+}

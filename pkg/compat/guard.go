@@ -43,6 +43,7 @@ type Guard struct {
 	BMHNameBased bool
 
 	refusal atomic.Pointer[Refusal]
+	raised  atomic.Pointer[string]
 }
 
 // Refusal is why admissions must not preallocate, or "" when they may. A nil Guard never refuses.
@@ -54,6 +55,18 @@ func (g *Guard) Refusal() string {
 		return r.Message
 	}
 	return "the CAPM3 beside it is not checked yet"
+}
+
+// LimitsRaised is why admissions are left to CAPM3 although its claims are mirrored (see
+// LimitsRaised), or "". A nil Guard never leaves them.
+func (g *Guard) LimitsRaised() string {
+	if g == nil {
+		return ""
+	}
+	if r := g.raised.Load(); r != nil {
+		return *r
+	}
+	return ""
 }
 
 // Checked is a readiness check: the webhook admits once it knows whether it may preallocate.
@@ -97,6 +110,11 @@ func (g *Guard) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, err
 			return p.ProviderName != ProviderName || p.Type != string(clusterctlv1.InfrastructureProviderType)
 		})
 	}
+	// Before the refusal, which makes the replica ready: its first admissions see both.
+	raised := LimitsRaised(f.Deployments)
+	if old := g.raised.Swap(&raised); old == nil || *old != raised {
+		g.tellLimits(ctx, raised)
+	}
 	refusal := Check(f, g.Version, g.BMHNameBased)
 	if old := g.refusal.Swap(&refusal); old != nil && old.Reason == refusal.Reason && old.Message == refusal.Message {
 		return ctrl.Result{}, nil
@@ -122,6 +140,26 @@ func (g *Guard) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, err
 	}
 	return ctrl.Result{}, nil
 }
+
+// tellLimits tells whether CAPM3's client limits leave every admission to it.
+func (g *Guard) tellLimits(ctx context.Context, raised string) {
+	logger := log.FromContext(ctx)
+	if raised == "" {
+		limitsRaised.Set(0)
+		logger.Info("CAPM3 runs at its default client rate limit: admissions may preallocate")
+		return
+	}
+	limitsRaised.Set(1)
+	logger.Info("Not preallocating: every Metal3Data is left to CAPM3", "reason", raised)
+	if g.Pod != nil {
+		g.Recorder.Eventf(g.Pod, nil, corev1.EventTypeNormal, ReasonLimitsRaised, "CheckCAPM3", "Not preallocating IP claims: %s", raised)
+	}
+}
+
+var limitsRaised = promauto.With(metrics.Registry).NewGauge(prometheus.GaugeOpts{
+	Name: "ip_preallocator_capm3_limits_raised",
+	Help: "1 while CAPM3 runs its client above its default rate limit and every admission is left to it, 0 otherwise.",
+})
 
 var compatible = promauto.With(metrics.Registry).NewGauge(prometheus.GaugeOpts{
 	Name: "ip_preallocator_capm3_compatible",

@@ -40,6 +40,7 @@ const (
 	ReasonNameInUse         = "NameInUse"
 	ReasonOutOfScope        = "OutOfScope"
 	ReasonIncompatibleCAPM3 = "IncompatibleCAPM3"
+	ReasonLimitsRaised      = "CAPM3LimitsRaised"
 )
 
 // WebhookName is the preallocating webhook's name in its MutatingWebhookConfiguration.

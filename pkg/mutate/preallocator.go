@@ -56,7 +56,8 @@ type Preallocator struct {
 	Namespace, WatchFilter string
 	// Deletions, if set, leaves to CAPM3 a Metal3Data whose name was deleted lately.
 	Deletions *Deletions
-	// Compat, if set, leaves every Metal3Data to a CAPM3 whose claims the webhook does not mirror.
+	// Compat, if set, leaves every Metal3Data to a CAPM3 whose claims the webhook does not mirror,
+	// or whose client limits are raised.
 	Compat *compat.Guard
 	// OnAdmitted hears, before the answer, of every admission that recorded claims or warns. It may
 	// wait for the creates to be sent, never for a write: CAPM3 creates Metal3Data one by one.
@@ -95,6 +96,9 @@ func (p *Preallocator) Handle(ctx context.Context, req admission.Request) admiss
 	}
 	if refusal := p.Compat.Refusal(); refusal != "" {
 		return p.skipped(ctx, data, skipf(ReasonIncompatibleCAPM3, "%s", refusal))
+	}
+	if raised := p.Compat.LimitsRaised(); raised != "" {
+		return p.skipped(ctx, data, skipf(ReasonLimitsRaised, "%s", raised))
 	}
 	claims, err := p.plan(ctx, data)
 	if err != nil {

@@ -40,8 +40,10 @@ func TestSkips(t *testing.T) {
 		watchFilter string
 		existing    func(m *fixtures.Machine) client.Object
 		deleted     bool
+		capm3Args   []string
 		wantWarning string
 	}{
+		{name: "CAPM3 with its client limits raised", reason: ReasonLimitsRaised, capm3Args: []string{"--webhook-port=9443", "--kube-api-qps", "100"}},
 		{name: "name still in use by a deleted predecessor", reason: ReasonNameInUse, existing: func(m *fixtures.Machine) client.Object {
 			old := m.Data.DeepCopy()
 			old.UID = "predecessor"
@@ -143,6 +145,9 @@ func TestSkips(t *testing.T) {
 			p := newPreallocator(c, false)
 			p.Requesters = tc.requesters
 			p.Namespace, p.WatchFilter = tc.namespace, tc.watchFilter
+			if tc.capm3Args != nil {
+				p.Compat = guardBeside(t, tc.capm3Args...)
+			}
 			if tc.deleted {
 				p.Deletions = NewDeletions(time.Minute)
 				p.Deletions.OnDelete(toolscache.DeletedFinalStateUnknown{Key: "x", Obj: m.Data.DeepCopy()})

@@ -89,14 +89,23 @@ func checkJudgedOverNoOp(t *testing.T, report *Report) {
 	t.Error("the speed check judged no scenario over the no-op webhook")
 }
 
-// checkClaims: CAPM3 created every claim in stock and with the no-op webhook, none next to the
-// preallocating webhook; after a preallocated backlog it did its work in one reconcile.
+// checkClaims: CAPM3 created every claim in stock, with the no-op webhook and beside the webhook
+// where CAPM3's limits are raised (it left every admission to CAPM3 there, and none elsewhere),
+// none next to the preallocating webhook; after a preallocated backlog it did its work in one
+// reconcile.
 func checkClaims(t *testing.T, report *Report) {
 	t.Helper()
 	for _, r := range report.Runs {
 		key := r.Setting + "/" + r.Scenario + "/" + r.Mode
 		want := 3 * r.N
-		if r.Mode == modePreallocated {
+		wantLeft := 0
+		if r.Mode == modePreallocated && r.Setting == "raised-limits" {
+			wantLeft = r.N
+		}
+		if r.LeftForLimits != wantLeft {
+			t.Errorf("%s: the webhook left %d of %d admissions to CAPM3 for its raised limits, want %d", key, r.LeftForLimits, r.N, wantLeft)
+		}
+		if r.Mode == modePreallocated && wantLeft == 0 {
 			// Those the webhook said it left to CAPM3, and no more than a few of them.
 			want = r.ClaimsByCAPM3Warned
 			if 10*r.ClaimsByCAPM3Warned > 3*r.N {

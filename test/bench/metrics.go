@@ -51,6 +51,25 @@ func scrape(text, metric string, labels ...string) histogram {
 	return h
 }
 
+// counter adds up the series of metric whose labels contain every one of labels.
+func counter(text, metric string, labels ...string) float64 {
+	var total float64
+	for _, line := range strings.Split(text, "\n") {
+		i := strings.LastIndex(line, " ")
+		if i < 0 {
+			continue
+		}
+		name, series, _ := strings.Cut(line[:i], "{")
+		if name != metric || !containsAll(series, labels) {
+			continue
+		}
+		if v, err := strconv.ParseFloat(strings.TrimSpace(line[i+1:]), 64); err == nil {
+			total += v
+		}
+	}
+	return total
+}
+
 func containsAll(s string, parts []string) bool {
 	for _, p := range parts {
 		if !strings.Contains(s, p) {
@@ -62,11 +81,15 @@ func containsAll(s string, parts []string) bool {
 
 // admissionClocks are three views of the mutating webhook's time: the API server's, from the
 // moment it calls the webhook to the answer (transport included), the webhook handler's own, and
-// the part of it the handler spent creating claims (its client's rate limiter included).
-type admissionClocks struct{ apiserver, handler, claims histogram }
+// the part of it the handler spent creating claims (its client's rate limiter included); and the
+// admissions it left to CAPM3 because CAPM3's client limits are raised.
+type admissionClocks struct {
+	apiserver, handler, claims histogram
+	limitsRaised               float64
+}
 
 func (a admissionClocks) minus(o admissionClocks) admissionClocks {
-	return admissionClocks{a.apiserver.minus(o.apiserver), a.handler.minus(o.handler), a.claims.minus(o.claims)}
+	return admissionClocks{a.apiserver.minus(o.apiserver), a.handler.minus(o.handler), a.claims.minus(o.claims), a.limitsRaised - o.limitsRaised}
 }
 
 func (b *bench) admissionClocks(ctx context.Context) (admissionClocks, error) {
@@ -89,7 +112,8 @@ func (b *bench) admissionClocks(ctx context.Context) (admissionClocks, error) {
 	return admissionClocks{
 		apiserver: scrape(string(raw), "apiserver_admission_webhook_admission_duration_seconds",
 			`name="`+mutatingWebhookName+`"`, `operation="CREATE"`, `type="admit"`),
-		handler: scrape(webhook, "controller_runtime_webhook_latency_seconds", `webhook="`+mutatingWebhookPath+`"`),
-		claims:  scrape(webhook, "ip_preallocator_claim_creation_duration_seconds"),
+		handler:      scrape(webhook, "controller_runtime_webhook_latency_seconds", `webhook="`+mutatingWebhookPath+`"`),
+		claims:       scrape(webhook, "ip_preallocator_claim_creation_duration_seconds"),
+		limitsRaised: counter(webhook, "ip_preallocator_admissions_total", `outcome="skipped"`, `reason="CAPM3LimitsRaised"`),
 	}, nil
 }

@@ -15,14 +15,9 @@ import (
 // the no-op webhook where it ran interleaved, stock otherwise.
 const (
 	minPairs = 6
-	// ceiling is how much longer than its baseline preallocation may take in total at CAPM3's
-	// default limits, where CAPM3's queue is what machines wait for and preallocation should win.
+	// ceiling is how much longer than its baseline preallocation may take in total, in every
+	// scenario.
 	ceiling = 1.05
-	// raisedCeiling is the ceiling with CAPM3's and the IPAM's limits raised, where CAPM3 keeps up
-	// and there is little to win, while every Metal3Data still costs the hand-over's patch of each
-	// claim, on the API server CAPM3's serial template loop waits for. Its share is largest in make
-	// test's quick bench, whose raised-limits burst is over in about two seconds.
-	raisedCeiling = 1.30
 	// maxSpread: when the 90% interval of the geometric mean reaches further than this either side
 	// of it, the pairs disagree too much to tell 1.0 from 1.3, and the verdict is inconclusive.
 	maxSpread = 0.15
@@ -47,17 +42,9 @@ type Paired struct {
 	Verdict            string
 }
 
-// ceilingFor is the scenario's ceiling, by its setting.
-func ceilingFor(setting string) float64 {
-	if setting == "raised-limits" {
-		return raisedCeiling
-	}
-	return ceiling
-}
-
 // pairedVerdict judges one scenario from its pairs' ratios over the baseline.
 func pairedVerdict(setting, scenario, over string, ratios []float64) Paired {
-	p := Paired{Setting: setting, Scenario: scenario, Over: over, Ratios: ratios, Ceiling: ceilingFor(setting), Verdict: verdictInconclusive}
+	p := Paired{Setting: setting, Scenario: scenario, Over: over, Ratios: ratios, Ceiling: ceiling, Verdict: verdictInconclusive}
 	if len(ratios) < 2 {
 		return p
 	}
@@ -133,8 +120,8 @@ func (p Paired) String() string {
 
 // printSpeedCheck prints the verdicts as a Markdown table.
 func printSpeedCheck(out io.Writer, verdicts []Paired) {
-	fmt.Fprintf(out, "\nSpeed check: each scenario's preallocated total over its baseline's in the same pair of runs (every scenario but leader-loss, whose claims wait for the take-over by design): the no-op webhook's where it ran (what preallocation adds to any webhook's admission round trip), stock's otherwise. The geometric mean of the pairs, its 90%% interval, against the ceiling (%.2f, or %.2f with the limits raised). Inconclusive: fewer than %d pairs, or the interval reaches further than ±%.0f%%.\n",
-		ceiling, raisedCeiling, minPairs, 100*maxSpread)
+	fmt.Fprintf(out, "\nSpeed check: each scenario's preallocated total over its baseline's in the same pair of runs (every scenario but leader-loss, whose claims wait for the take-over by design): the no-op webhook's where it ran (what preallocation adds to any webhook's admission round trip), stock's otherwise. The geometric mean of the pairs, its 90%% interval, against the ceiling (%.2f). Inconclusive: fewer than %d pairs, or the interval reaches further than ±%.0f%%.\n",
+		ceiling, minPairs, 100*maxSpread)
 	fmt.Fprintln(out, "\n| setting | scenario | over | pairs | geometric mean | 90% interval | ceiling | verdict |")
 	fmt.Fprintln(out, "|---|---|---|---:|---:|---:|---:|---|")
 	for _, p := range verdicts {

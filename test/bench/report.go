@@ -85,6 +85,9 @@ type Run struct {
 	// ClaimsByCAPM3Warned counts those the webhook named in a PreallocationIncomplete Event: it
 	// left them to CAPM3 (not created in time, or CAPM3 created them first).
 	ClaimsByCAPM3Warned int
+	// LeftForLimits counts the admissions the webhook left to CAPM3 because CAPM3's client limits
+	// are raised (skip reason CAPM3LimitsRaised).
+	LeftForLimits int `json:",omitempty"`
 	// Requests per Metal3Data by component, then by "verb resource".
 	Requests map[string]map[string]float64
 	// Load is the machine's mean one-minute load average during the run.

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	capipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -231,6 +232,57 @@ func (b *bench) notReady(capm3 *stack.CAPM3, ms []*fixtures.Machine) int {
 	return pending
 }
 
+// declareLimits declares in CAPM3's Deployment the client limits CAPM3 runs with in this setting,
+// where the webhook reads them, and waits until every webhook process running has read them.
+func (b *bench) declareLimits(ctx context.Context, s setting) error {
+	var args []string
+	raised := s.CAPM3.QPS > stack.DefaultQPS
+	if raised {
+		args = []string{fmt.Sprintf("--kube-api-qps=%g", s.CAPM3.QPS), fmt.Sprintf("--kube-api-burst=%d", s.CAPM3.Burst)}
+	}
+	if err := b.cp.SetCAPM3Args(ctx, args...); err != nil {
+		return err
+	}
+	want := "ip_preallocator_capm3_limits_raised 0\n"
+	if raised {
+		want = "ip_preallocator_capm3_limits_raised 1\n"
+	}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		for _, read := range b.webhookMetrics() {
+			metrics, err := read()
+			if err == nil && !strings.Contains(metrics, want) {
+				err = fmt.Errorf("the webhook does not report %q yet", strings.TrimSpace(want))
+			}
+			if last = err; err != nil {
+				return false, nil //nolint:nilerr // polled again; the last error is told on timeout
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("CAPM3's client limits declared: %w (%v)", err, last)
+	}
+	return nil
+}
+
+// webhookMetrics reads the metrics of each webhook process running.
+func (b *bench) webhookMetrics() []func() (string, error) {
+	if b.replicas != nil {
+		var reads []func() (string, error)
+		for i := range b.replicas.Len() {
+			if b.replicas.Running(i) {
+				reads = append(reads, func() (string, error) { return b.replicas.Metrics(i) })
+			}
+		}
+		return reads
+	}
+	if b.serving != "" {
+		return []func() (string, error){b.cp.Metrics}
+	}
+	return nil
+}
+
 // setWebhook registers ip-preallocator's mutating webhook for the modes that call it and deletes
 // it for stock: the API server then does not call the webhook at all. The process keeps running
 // (serveAs), so that every mode meets the machine in the same state; what its informers cost the
@@ -423,6 +475,9 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	if err != nil {
 		return nil, err
 	}
+	if err := b.declareLimits(ctx, s); err != nil {
+		return nil, err
+	}
 	if err := b.setWebhook(ctx, mode); err != nil {
 		return nil, err
 	}
@@ -518,6 +573,7 @@ func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string,
 	spent := after.minus(clocks)
 	run.WebhookCalls, run.WebhookCall, run.WebhookHandler = int(spent.apiserver.count), spent.apiserver.mean(), spent.handler.mean()
 	run.WebhookClaimCreation = spent.claims.mean()
+	run.LeftForLimits = int(spent.limitsRaised)
 	run.Load = b.load.meanSince(loadFrom)
 	if err := b.record(ctx, run, ms, claims, capm3, events); err != nil {
 		return nil, err

@@ -26,8 +26,9 @@ const (
 	CAPM3Image = "quay.io/metal3-io/cluster-api-provider-metal3:v1.13.2"
 )
 
-// CAPM3DeploymentObject is CAPM3's Deployment as clusterctl renders it, in the naming mode given.
-func CAPM3DeploymentObject(image string, bmhNameBased bool) *appsv1.Deployment {
+// CAPM3DeploymentObject is CAPM3's Deployment as clusterctl renders it, in the naming mode given,
+// with args added to its manager's (its client limits, say).
+func CAPM3DeploymentObject(image string, bmhNameBased bool, args ...string) *appsv1.Deployment {
 	labels := map[string]string{"cluster.x-k8s.io/provider": "infrastructure-metal3", "control-plane": "controller-manager"}
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: CAPM3Namespace, Name: CAPM3Deployment, Labels: labels},
@@ -37,19 +38,19 @@ func CAPM3DeploymentObject(image string, bmhNameBased bool) *appsv1.Deployment {
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{
 					Name: "manager", Image: image, Command: []string{"/manager"},
-					Args: []string{"--webhook-port=9443", "--enable-bmh-name-based-preallocation=" + strconv.FormatBool(bmhNameBased)},
+					Args: append([]string{"--webhook-port=9443", "--enable-bmh-name-based-preallocation=" + strconv.FormatBool(bmhNameBased)}, args...),
 				}}},
 			},
 		},
 	}
 }
 
-// DeclareCAPM3 creates or replaces CAPM3's Deployment.
-func (cp *ControlPlane) DeclareCAPM3(ctx context.Context, image string, bmhNameBased bool) error {
+// DeclareCAPM3 creates or replaces CAPM3's Deployment, its manager run with args added.
+func (cp *ControlPlane) DeclareCAPM3(ctx context.Context, image string, bmhNameBased bool, args ...string) error {
 	if err := cp.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: CAPM3Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating namespace %s: %w", CAPM3Namespace, err)
 	}
-	want := CAPM3DeploymentObject(image, bmhNameBased)
+	want := CAPM3DeploymentObject(image, bmhNameBased, args...)
 	existing := &appsv1.Deployment{}
 	switch err := cp.Client.Get(ctx, client.ObjectKeyFromObject(want), existing); {
 	case apierrors.IsNotFound(err):
@@ -66,6 +67,13 @@ func (cp *ControlPlane) DeclareCAPM3(ctx context.Context, image string, bmhNameB
 		return fmt.Errorf("updating CAPM3's Deployment: %w", err)
 	}
 	return nil
+}
+
+// SetCAPM3Args declares CAPM3's Deployment run with args added, now and whenever a webhook starts:
+// what CAPM3 in-process runs with that the webhook reads from there (its client limits).
+func (cp *ControlPlane) SetCAPM3Args(ctx context.Context, args ...string) error {
+	cp.capm3Args = args
+	return cp.DeclareCAPM3(ctx, CAPM3Image, cp.bmhNameBased, args...)
 }
 
 // bmhNameBasedIn reads the webhook's naming flag from its args: the last occurrence wins.

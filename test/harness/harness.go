@@ -96,6 +96,10 @@ type ControlPlane struct {
 	inClusterIPAM     *Process
 	// Replicas are the webhook processes when Options.WebhookReplicas is set.
 	Replicas *Replicas
+	// capm3Args are added to the args of CAPM3's Deployment (SetCAPM3Args); bmhNameBased is the
+	// naming mode of the last webhook started, which that Deployment declares too.
+	capm3Args    []string
+	bmhNameBased bool
 }
 
 // Start brings the control plane up; Stop tears it down.
@@ -485,7 +489,8 @@ func (cp *ControlPlane) StartWebhook(ctx context.Context, extraArgs ...string) e
 	}, cp.opts.WebhookArgs...)
 	args = append(args, extraArgs...)
 	if !cp.opts.NoCAPM3 {
-		if err := cp.DeclareCAPM3(ctx, CAPM3Image, bmhNameBasedIn(args)); err != nil {
+		cp.bmhNameBased = bmhNameBasedIn(args)
+		if err := cp.DeclareCAPM3(ctx, CAPM3Image, cp.bmhNameBased, cp.capm3Args...); err != nil {
 			return err
 		}
 	}

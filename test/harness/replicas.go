@@ -97,7 +97,8 @@ func (cp *ControlPlane) StartReplicas(ctx context.Context, n int, extraArgs ...s
 	}
 	rs := &Replicas{cp: cp, bin: bin, args: append(append([]string{}, cp.opts.WebhookArgs...), extraArgs...)}
 	if !cp.opts.NoCAPM3 {
-		if err := cp.DeclareCAPM3(ctx, CAPM3Image, bmhNameBasedIn(rs.args)); err != nil {
+		cp.bmhNameBased = bmhNameBasedIn(rs.args)
+		if err := cp.DeclareCAPM3(ctx, CAPM3Image, cp.bmhNameBased, cp.capm3Args...); err != nil {
 			return nil, err
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/metal3-community/ip-preallocator/internal/fixtures"
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
 	"github.com/metal3-community/ip-preallocator/pkg/compat"
+	"github.com/metal3-community/ip-preallocator/pkg/mutate"
 	"github.com/metal3-community/ip-preallocator/test/harness"
 	"github.com/metal3-community/ip-preallocator/test/stack"
 )
@@ -27,8 +28,8 @@ const capm3Image = "quay.io/metal3-io/cluster-api-provider-metal3:"
 
 // TestCompatibilityGuard changes the CAPM3 Deployment and clusterctl Provider the running webhook
 // finds, and admits a Metal3Data after each change: preallocated only beside a CAPM3 whose claims
-// it mirrors, in its naming mode; otherwise left to CAPM3, with the reason in an Event on the
-// webhook's pod and the metric at 0.
+// it mirrors, in its naming mode, at its default client limits; otherwise left to CAPM3, with the
+// reason in an Event on the webhook's pod and a metric saying which.
 func TestCompatibilityGuard(t *testing.T) {
 	ctx := context.Background()
 	ns := newWorld(t, "compat", 0, 40).ns
@@ -54,17 +55,27 @@ func TestCompatibilityGuard(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	machine, before := 0, skippedIncompatible(t)
+	machine, before, beforeRaised := 0, skipped(t, mutate.ReasonIncompatibleCAPM3), skipped(t, mutate.ReasonLimitsRaised)
 	for _, tc := range []struct {
 		name string
 		// change makes the cluster hold what the webhook then finds.
 		change func(t *testing.T)
 		// refusal is a part of the refusal, told in an Event of reason; empty: preallocated.
 		refusal, reason string
+		// raised: CAPM3's client limits are raised, told in an Event; the admission is left to CAPM3.
+		raised bool
 	}{
 		{name: "Deployment of the mirrored version", change: func(t *testing.T) {
 			t.Helper()
 			declare(t, harness.CAPM3Image, false)
+		}},
+		{name: "its client limits raised", change: func(t *testing.T) {
+			t.Helper()
+			declare(t, harness.CAPM3Image, false, "--kube-api-qps=100", "--kube-api-burst=200")
+		}, raised: true},
+		{name: "at its default client limits again", change: func(t *testing.T) {
+			t.Helper()
+			declare(t, harness.CAPM3Image, false, "--kube-api-qps=20")
 		}},
 		{name: "Deployment of the next minor", change: func(t *testing.T) {
 			t.Helper()
@@ -96,8 +107,12 @@ func TestCompatibilityGuard(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.change(t)
 			waitCompatible(t, tc.refusal == "")
+			waitGauge(t, "ip_preallocator_capm3_limits_raised", tc.raised)
 			if tc.refusal != "" {
 				waitEvent(t, tc.reason, tc.refusal)
+			}
+			if tc.raised {
+				waitEvent(t, compat.ReasonLimitsRaised, "runs with --kube-api-qps=100, above its default 20")
 			}
 			m := fixtures.NewMachine(fixtures.ThreePoolTemplate("workers"), machine).InNamespace(ns)
 			machine++
@@ -108,27 +123,32 @@ func TestCompatibilityGuard(t *testing.T) {
 				t.Fatal(err)
 			}
 			recorded := m.Data.Annotations[allocation.ClaimsAnnotation]
-			if tc.refusal == "" && recorded == "" {
+			left := tc.refusal != "" || tc.raised
+			if !left && recorded == "" {
 				t.Errorf("Metal3Data %s was not preallocated", m.Data.Name)
 			}
-			if tc.refusal != "" && recorded != "" {
-				t.Errorf("Metal3Data %s was preallocated (%s) beside an incompatible CAPM3", m.Data.Name, recorded)
+			if left && recorded != "" {
+				t.Errorf("Metal3Data %s was preallocated (%s) beside a CAPM3 it should be left to", m.Data.Name, recorded)
 			}
 		})
 	}
-	if got := skippedIncompatible(t) - before; got != 4 {
+	if got := skipped(t, mutate.ReasonIncompatibleCAPM3) - before; got != 4 {
 		t.Errorf("ip_preallocator_admissions_total counts %v admissions skipped as IncompatibleCAPM3, want 4", got)
+	}
+	if got := skipped(t, mutate.ReasonLimitsRaised) - beforeRaised; got != 1 {
+		t.Errorf("ip_preallocator_admissions_total counts %v admissions skipped as CAPM3LimitsRaised, want 1", got)
 	}
 }
 
-func skippedIncompatible(t *testing.T) float64 {
+// skipped reads how many admissions the webhook skipped for reason.
+func skipped(t *testing.T, reason string) float64 {
 	t.Helper()
 	metrics, err := cp.Metrics()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for line := range strings.SplitSeq(metrics, "\n") {
-		if v, ok := strings.CutPrefix(line, `ip_preallocator_admissions_total{outcome="skipped",reason="IncompatibleCAPM3"} `); ok {
+		if v, ok := strings.CutPrefix(line, `ip_preallocator_admissions_total{outcome="skipped",reason="`+reason+`"} `); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)
@@ -139,9 +159,9 @@ func skippedIncompatible(t *testing.T) float64 {
 	return 0
 }
 
-func declare(t *testing.T, image string, bmhNameBased bool) {
+func declare(t *testing.T, image string, bmhNameBased bool, args ...string) {
 	t.Helper()
-	if err := cp.DeclareCAPM3(context.Background(), image, bmhNameBased); err != nil {
+	if err := cp.DeclareCAPM3(context.Background(), image, bmhNameBased, args...); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -149,9 +169,15 @@ func declare(t *testing.T, image string, bmhNameBased bool) {
 // waitCompatible waits for the webhook's verdict in ip_preallocator_capm3_compatible.
 func waitCompatible(t *testing.T, compatible bool) {
 	t.Helper()
-	want := "ip_preallocator_capm3_compatible 0"
-	if compatible {
-		want = "ip_preallocator_capm3_compatible 1"
+	waitGauge(t, "ip_preallocator_capm3_compatible", compatible)
+}
+
+// waitGauge waits until the webhook reports gauge as 1 (on) or 0.
+func waitGauge(t *testing.T, gauge string, on bool) {
+	t.Helper()
+	want := gauge + " 0"
+	if on {
+		want = gauge + " 1"
 	}
 	harness.Eventually(t, 30*time.Second, func() error {
 		metrics, err := cp.Metrics()
