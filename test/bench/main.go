@@ -194,6 +194,17 @@ func settings() []setting {
 	}
 }
 
+// limitsRaised tells whether the webhook leaves every admission of a setting to CAPM3: CAPM3's
+// client limits are raised there (declareLimits).
+func limitsRaised(settings []setting, name string) bool {
+	for _, s := range settings {
+		if s.Name == name {
+			return s.CAPM3.QPS > stack.DefaultQPS
+		}
+	}
+	return false
+}
+
 // slot is one run of a scenario: a mode and its repetition.
 type slot struct {
 	mode   string

@@ -99,9 +99,9 @@ var readmeScenarios = map[string]string{
 	"machines one after another":                                 "default-limits/idle",
 	"a burst, the Metal3 IPAM's limits raised":                   "default-limits/burst-fast-ipam",
 	"a burst at CAPM3's default limits":                          "default-limits/burst",
+	"the same burst while the webhook's leader is killed":        "default-limits/leader-loss",
 	"a burst, CAPM3's and the IPAM's limits raised":              "raised-limits/burst",
 	"the same, over 10 templates":                                "raised-limits/burst-spread",
-	"the same burst while the webhook's leader is killed":        "raised-limits/leader-loss",
 }
 
 // TestReadmeQuotesTheResults: the README's "When it pays" table quotes the committed results as

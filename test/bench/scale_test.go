@@ -26,6 +26,12 @@ func TestScaleVerdict(t *testing.T) {
 		{"burst slower than stock", func(r *scaleRow) { r.scenario, r.ratio = "burst-spread", 1.01 }, "misses: slower than 1.00× stock"},
 		{"slow arrival has no time target", func(r *scaleRow) { r.scenario, r.ratio = "slow", 1.50 }, "meets every target"},
 		{"claims left to CAPM3", func(r *scaleRow) { r.share = 0.985 }, "misses: under 99% preallocated"},
+		{"raised limits, every admission left to CAPM3", func(r *scaleRow) {
+			r.setting, r.scenario, r.pre.lastCreated, r.share, r.stepAside, r.left = "raised-limits", "slow", 110, 0, true, true
+		}, "meets every target"},
+		{"raised limits, an admission preallocated", func(r *scaleRow) {
+			r.setting, r.scenario, r.pre.lastCreated, r.share, r.stepAside = "raised-limits", "slow", 110, 0.1, true
+		}, "misses: an admission not left to CAPM3"},
 		{"admission above stock's plus one write", func(r *scaleRow) { r.pre.createP99 = 0.051 }, "misses: admission above the bound"},
 		{"two at once", func(r *scaleRow) { r.ratio, r.share = 0.9, 0.5 }, "misses: slower than 0.80× stock; under 99% preallocated"},
 	} {
@@ -95,5 +101,42 @@ func TestBacklogLimit(t *testing.T) {
 	// One reconcile: 4 GETs per Metal3Data, 4,000 less the burst at 20/s.
 	if got, want := backlogLimit([]*Run{r}), 180+(4000.0-30)/20; math.Abs(got-want) > 1e-9 {
 		t.Errorf("limit %v, want %v", got, want)
+	}
+}
+
+// TestScaleSectionRaisedLimits: where CAPM3's limits are raised the section says the claims were
+// left to CAPM3, from each preallocated run's count of the admissions the webhook left.
+func TestScaleSectionRaisedLimits(t *testing.T) {
+	run := func(mode string, repeat, left int) *Run {
+		r := &Run{Setting: "raised-limits", Scenario: "burst-spread", Mode: mode, Repeat: repeat, N: 1000, Total: 200,
+			Claims: 3000, ClaimsByCAPM3: 3000, LeftForLimits: left, ArrivalSpan: 40}
+		r.CreateServer, r.ClaimCreates = []float64{0.3}, []float64{0}
+		return r
+	}
+	for _, tc := range []struct {
+		name string
+		left int
+		want string
+	}{
+		{"every admission left", 1000, "| none: left to CAPM3 |"},
+		{"one admission preallocated", 999, "| 0.0% |"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			report := &Report{Fleet: 5000, FleetSettled: 20 * time.Second, Runs: []*Run{
+				run(modeStock, 0, 0), run(modePreallocated, 0, 1000), run(modePreallocated, 1, tc.left), run(modeStock, 1, 0),
+			}}
+			report.finish()
+			var b bytes.Buffer
+			writeScaleSection(&b, report)
+			verdict := "meets every target"
+			if tc.left < 1000 {
+				verdict = "misses: an admission not left to CAPM3"
+			}
+			for _, want := range []string{tc.want, verdict} {
+				if !strings.Contains(b.String(), want) {
+					t.Errorf("section without %q:\n%s", want, b.String())
+				}
+			}
+		})
 	}
 }
