@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
@@ -320,5 +321,40 @@ func TestTemplateValidation(t *testing.T) {
 	}
 	if strings.Contains(stderr, `"provisioning" does not exist`) {
 		t.Errorf("warned about an existing pool:\n%s", stderr)
+	}
+}
+
+// TestWebhookRunsWithTheManifestsEnvironment: the webhook process runs with every value
+// config/manager sets in its container's environment (GOMEMLIMIT), as its pod would, so that the
+// memory the suites and benchmarks measure is the manifest's.
+func TestWebhookRunsWithTheManifestsEnvironment(t *testing.T) {
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cp.WebhookPid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := strings.Split(string(environ), "\x00")
+	var want []string
+	for _, u := range cp.Rendered {
+		if u.GetKind() != "Deployment" {
+			continue
+		}
+		containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+		for _, c := range containers {
+			env, _, _ := unstructured.NestedSlice(c.(map[string]any), "env")
+			for _, e := range env {
+				name, _, _ := unstructured.NestedString(e.(map[string]any), "name")
+				if value, ok, _ := unstructured.NestedString(e.(map[string]any), "value"); ok {
+					want = append(want, name+"="+value)
+				}
+			}
+		}
+	}
+	if !slices.ContainsFunc(want, func(v string) bool { return strings.HasPrefix(v, "GOMEMLIMIT=") }) {
+		t.Errorf("config/manager sets no GOMEMLIMIT: %q", want)
+	}
+	for _, v := range want {
+		if !slices.Contains(has, v) {
+			t.Errorf("the webhook process runs without %s", v)
+		}
 	}
 }

@@ -339,6 +339,28 @@ func (cp *ControlPlane) installRBAC(ctx context.Context) error {
 	return nil
 }
 
+// managerEnv is the environment config/manager sets as values on the webhook's container
+// (GOMEMLIMIT): a process StartWebhook runs has it, as the pod would.
+func (cp *ControlPlane) managerEnv() []string {
+	var env []string
+	for _, u := range cp.Rendered {
+		if u.GetKind() != "Deployment" {
+			continue
+		}
+		containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+		for _, c := range containers {
+			vars, _, _ := unstructured.NestedSlice(c.(map[string]any), "env")
+			for _, v := range vars {
+				name, _, _ := unstructured.NestedString(v.(map[string]any), "name")
+				if value, ok, _ := unstructured.NestedString(v.(map[string]any), "value"); ok {
+					env = append(env, name+"="+value)
+				}
+			}
+		}
+	}
+	return env
+}
+
 func (cp *ControlPlane) serviceAccountNamespace() string {
 	ns, _ := cp.ServiceAccount()
 	return ns
@@ -495,7 +517,7 @@ func (cp *ControlPlane) StartWebhook(ctx context.Context, extraArgs ...string) e
 		}
 	}
 	cp.webhook, err = StartProcess(ctx, filepath.Join(cp.Dir, "webhook.log"), bin,
-		[]string{"KUBECONFIG=" + cp.webhookKubeconfig, "POD_NAMESPACE=" + cp.serviceAccountNamespace(), "POD_NAME=" + WebhookPod}, args...)
+		append(cp.managerEnv(), "KUBECONFIG="+cp.webhookKubeconfig, "POD_NAMESPACE="+cp.serviceAccountNamespace(), "POD_NAME="+WebhookPod), args...)
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,9 @@ var footprintRow = regexp.MustCompile(`(?m)^\| (\d+) \| (\d+) \| (\d+) \|`)
 
 // TestMemoryFromFootprint: the manifest's memory request holds the resident memory make footprint
 // measured with its largest fleet, rounded up to 32 MiB; its limit twice the peak measured while
-// that fleet's caches synced, rounded up to a power of two; the README states both.
+// that fleet's caches synced, rounded up to a power of two; its GOMEMLIMIT lies between them, so
+// the collector neither runs ever more often at the memory the webhook holds nor leaves the bound
+// to the limit; the README states all three.
 func TestMemoryFromFootprint(t *testing.T) {
 	page := repoFile(t, "docs/footprint.md")
 	machines, resident, peak := 0, 0, 0
@@ -51,9 +53,19 @@ func TestMemoryFromFootprint(t *testing.T) {
 				name, got.q.String(), got.want, resident, peak, machines)
 		}
 	}
+	var goMemLimit string
+	for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
+		if e.Name == "GOMEMLIMIT" {
+			goMemLimit = e.Value
+		}
+	}
+	limit, err := resource.ParseQuantity(strings.TrimSuffix(goMemLimit, "B"))
+	if err != nil || limit.Value() < int64(wantRequest)<<20 || limit.Value() >= int64(wantLimit)<<20 {
+		t.Errorf("GOMEMLIMIT %q, want one from %dMi to below %dMi (%v)", goMemLimit, wantRequest, wantLimit, err)
+	}
 	readme := repoFile(t, "README.md")
 	for _, want := range []string{
-		strconv.Itoa(wantRequest) + "Mi", strconv.Itoa(wantLimit) + "Mi",
+		strconv.Itoa(wantRequest) + "Mi", strconv.Itoa(wantLimit) + "Mi", "`GOMEMLIMIT` " + goMemLimit,
 		strconv.Itoa(resident) + " MiB with " + thousands(machines), strconv.Itoa(peak) + " MiB at the peak",
 	} {
 		if !strings.Contains(strings.Join(strings.Fields(string(readme)), " "), want) {
