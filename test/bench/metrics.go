@@ -27,28 +27,7 @@ func (h histogram) mean() float64 {
 
 // scrape adds up the _sum and _count series of metric whose labels contain every one of labels.
 func scrape(text, metric string, labels ...string) histogram {
-	var h histogram
-	for _, line := range strings.Split(text, "\n") {
-		i := strings.LastIndex(line, " ")
-		if i < 0 {
-			continue
-		}
-		name, series, _ := strings.Cut(line[:i], "{")
-		value := line[i+1:]
-		if name != metric+"_sum" && name != metric+"_count" || !containsAll(series, labels) {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			continue
-		}
-		if strings.HasSuffix(name, "_sum") {
-			h.sum += v
-		} else {
-			h.count += v
-		}
-	}
-	return h
+	return histogram{counter(text, metric+"_sum", labels...), counter(text, metric+"_count", labels...)}
 }
 
 // counter adds up the series of metric whose labels contain every one of labels.

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/metal3-community/ip-preallocator/pkg/allocation"
@@ -332,23 +331,7 @@ func TestWebhookRunsWithTheManifestsEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	has := strings.Split(string(environ), "\x00")
-	var want []string
-	for _, u := range cp.Rendered {
-		if u.GetKind() != "Deployment" {
-			continue
-		}
-		containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
-		for _, c := range containers {
-			env, _, _ := unstructured.NestedSlice(c.(map[string]any), "env")
-			for _, e := range env {
-				name, _, _ := unstructured.NestedString(e.(map[string]any), "name")
-				if value, ok, _ := unstructured.NestedString(e.(map[string]any), "value"); ok {
-					want = append(want, name+"="+value)
-				}
-			}
-		}
-	}
+	has, want := strings.Split(string(environ), "\x00"), cp.ManagerEnv()
 	if !slices.ContainsFunc(want, func(v string) bool { return strings.HasPrefix(v, "GOMEMLIMIT=") }) {
 		t.Errorf("config/manager sets no GOMEMLIMIT: %q", want)
 	}

@@ -339,9 +339,9 @@ func (cp *ControlPlane) installRBAC(ctx context.Context) error {
 	return nil
 }
 
-// managerEnv is the environment config/manager sets as values on the webhook's container
+// ManagerEnv is the environment config/manager sets as values on the webhook's container
 // (GOMEMLIMIT): a process StartWebhook runs has it, as the pod would.
-func (cp *ControlPlane) managerEnv() []string {
+func (cp *ControlPlane) ManagerEnv() []string {
 	var env []string
 	for _, u := range cp.Rendered {
 		if u.GetKind() != "Deployment" {
@@ -517,7 +517,7 @@ func (cp *ControlPlane) StartWebhook(ctx context.Context, extraArgs ...string) e
 		}
 	}
 	cp.webhook, err = StartProcess(ctx, filepath.Join(cp.Dir, "webhook.log"), bin,
-		append(cp.managerEnv(), "KUBECONFIG="+cp.webhookKubeconfig, "POD_NAMESPACE="+cp.serviceAccountNamespace(), "POD_NAME="+WebhookPod), args...)
+		append(cp.ManagerEnv(), "KUBECONFIG="+cp.webhookKubeconfig, "POD_NAMESPACE="+cp.serviceAccountNamespace(), "POD_NAME="+WebhookPod), args...)
 	if err != nil {
 		return err
 	}

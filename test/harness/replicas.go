@@ -180,7 +180,7 @@ func (rs *Replicas) startLocked(i int) error {
 		fmt.Fprintf(f, "===== harness: start %d of replica %d at %s, kubeconfig %s\n", r.starts, i, time.Now().Format(time.RFC3339Nano), r.kubeconfig)
 		f.Close()
 	}
-	proc, err := StartProcess(context.Background(), r.LogPath, rs.bin, append(rs.cp.managerEnv(),
+	proc, err := StartProcess(context.Background(), r.LogPath, rs.bin, append(rs.cp.ManagerEnv(),
 		"KUBECONFIG="+r.kubeconfig, "POD_NAMESPACE="+rs.cp.serviceAccountNamespace(), fmt.Sprintf("POD_NAME=%s-%d", WebhookPod, r.Index),
 	), args...)
 	if err != nil {
