@@ -194,16 +194,9 @@ func settings() []setting {
 	}
 }
 
-// limitsRaised tells whether the webhook leaves every admission of a setting to CAPM3: CAPM3's
+// limitsRaised tells whether the webhook leaves every admission of the setting to CAPM3: CAPM3's
 // client limits are raised there (declareLimits).
-func limitsRaised(settings []setting, name string) bool {
-	for _, s := range settings {
-		if s.Name == name {
-			return s.CAPM3.QPS > stack.DefaultQPS
-		}
-	}
-	return false
-}
+func (s setting) limitsRaised() bool { return s.CAPM3.QPS > stack.DefaultQPS }
 
 // slot is one run of a scenario: a mode and its repetition.
 type slot struct {

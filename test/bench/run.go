@@ -236,7 +236,7 @@ func (b *bench) notReady(capm3 *stack.CAPM3, ms []*fixtures.Machine) int {
 // where the webhook reads them, and waits until every webhook process running has read them.
 func (b *bench) declareLimits(ctx context.Context, s setting) error {
 	var args []string
-	raised := limitsRaised([]setting{s}, s.Name)
+	raised := s.limitsRaised()
 	if raised {
 		args = []string{fmt.Sprintf("--kube-api-qps=%g", s.CAPM3.QPS), fmt.Sprintf("--kube-api-burst=%d", s.CAPM3.Burst)}
 	}

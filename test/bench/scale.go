@@ -165,7 +165,10 @@ func scaleRows(r *Report) []scaleRow {
 		}
 		row := scaleRow{setting: q.Setting, scenario: q.Scenario, machines: stock[0].N, reps: q.Repetitions,
 			stock: figuresOf(stock), pre: figuresOf(pre), ratio: q.Total, share: 1, order: runOrder(order),
-			stepAside: limitsRaised(scaleSettings(), q.Setting), left: true}
+			left: true}
+		for _, s := range scaleSettings() {
+			row.stepAside = row.stepAside || s.Name == q.Setting && s.limitsRaised()
+		}
 		var claimWrites []float64
 		for _, run := range pre {
 			row.share = min(row.share, preallocatedShare(run))
