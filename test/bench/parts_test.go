@@ -70,19 +70,25 @@ func TestWritePartsNamesWhatIsMissing(t *testing.T) {
 		{Started: day.Add(2 * time.Hour), Finished: day.Add(3 * time.Hour), Scenarios: []string{"default-limits/backlog"}},
 	}}
 	var b bytes.Buffer
-	writeParts(&b, r, scaleSettings())
-	for _, want := range []string{"**Incomplete: not run yet: default-limits/burst-spread, raised-limits/burst-spread, raised-limits/slow.**", "Run in 2 parts", "2026-12-06 12:00 to 13:00 UTC, default-limits/backlog."} {
+	writeParts(&b, r, scaleSettings(true))
+	for _, want := range []string{"**Incomplete: not run yet: default-limits/burst-spread, raised-limits/burst-spread.**", "Run in 2 parts", "2026-12-06 12:00 to 13:00 UTC, default-limits/backlog."} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("without %q:\n%s", want, b.String())
 		}
 	}
-	for _, s := range scaleSettings() {
+	r.SlowRate = 10
+	b.Reset()
+	writeParts(&b, r, scaleSettings(true))
+	if want := "not run yet: default-limits/burst-spread, raised-limits/burst-spread, raised-limits/slow."; !strings.Contains(b.String(), want) {
+		t.Errorf("with the slow arrival asked for, without %q:\n%s", want, b.String())
+	}
+	for _, s := range scaleSettings(true) {
 		for _, sc := range s.Scenarios {
 			r.Runs = append(r.Runs, &Run{Setting: s.Name, Scenario: sc.Name})
 		}
 	}
 	b.Reset()
-	writeParts(&b, r, scaleSettings())
+	writeParts(&b, r, scaleSettings(true))
 	if strings.Contains(b.String(), "Incomplete") {
 		t.Errorf("every scenario ran, yet:\n%s", b.String())
 	}

@@ -303,6 +303,8 @@ type Report struct {
 	FleetSettled time.Duration `json:",omitempty"`
 	// SlowRate is the slow arrival's Metal3DataClaims per second.
 	SlowRate float64 `json:",omitempty"`
+	// ScaleRaised is whether a scale run included the raised-limits setting (--scale-raised).
+	ScaleRaised bool `json:",omitempty"`
 	// Product is the last commit that changed the webhook's code (harness.ProductCommit), and
 	// Sizes every size the runs depend on: parts merge only where both are the same.
 	Product, Sizes string `json:",omitempty"`
