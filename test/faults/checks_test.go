@@ -189,6 +189,35 @@ func TestCheckLeftToCAPM3ByAdmission(t *testing.T) {
 	}
 }
 
+// TestCheckKilledBeforeCreating: a claim CAPM3 created is put down to a SIGKILL only when the
+// webhook recorded it, never created it, and a replica was killed between the admission and
+// CAPM3's create.
+func TestCheckKilledBeforeCreating(t *testing.T) {
+	start := time.Date(2026, 12, 7, 6, 0, 0, 0, time.UTC)
+	a := admission{start: start, recorded: []string{"IPClaim/d-provisioning", "IPClaim/d-baremetal"}}
+	rec := claimRecord{kind: "IPClaim", namespace: "ns", name: "d-provisioning", seen: start.Add(50 * time.Millisecond)}
+	killedAt := func(at time.Time) func(from, to time.Time) bool {
+		return func(from, to time.Time) bool { return !at.Before(from) && !at.After(to) }
+	}
+	for _, tc := range []struct {
+		name           string
+		a              admission
+		webhookCreated bool
+		killed         func(from, to time.Time) bool
+		want           bool
+	}{
+		{name: "killed in between", a: a, killed: killedAt(start.Add(20 * time.Millisecond)), want: true},
+		{name: "killed before the admission", a: a, killed: killedAt(start.Add(-time.Millisecond))},
+		{name: "killed after CAPM3's create", a: a, killed: killedAt(start.Add(time.Second))},
+		{name: "the webhook created it", a: a, webhookCreated: true, killed: killedAt(start.Add(20 * time.Millisecond))},
+		{name: "not recorded", a: admission{start: start, recorded: []string{"IPClaim/d-baremetal"}}, killed: killedAt(start.Add(20 * time.Millisecond))},
+	} {
+		if got := killedBeforeCreating(tc.a, rec, tc.webhookCreated, tc.killed); got != tc.want {
+			t.Errorf("%s: put down to a kill %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 // TestCheckPreallocatedShareByClaimUID: the share counts the claims each stored Metal3Data came to
 // own, by who created them, and nothing of other Metal3Data.
 func TestCheckPreallocatedShareByClaimUID(t *testing.T) {

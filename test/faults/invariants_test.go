@@ -182,6 +182,7 @@ const (
 	infoRecorded   = "of the claims CAPM3 created while the webhook was up: recorded by the webhook"
 	infoWarned     = "claims the webhook left to CAPM3 with a warning (its log, the PreallocationIncomplete Event or an admission warning: not created in time, or CAPM3 created it first), which CAPM3 then created as designed (not counted above)"
 	infoCAPM3Down  = "claims created by CAPM3 while the webhook was down"
+	infoKilled     = "claims the webhook recorded and never created because the replica that answered was SIGKILLed first, which CAPM3 then created as designed (not counted above)"
 	infoUnanswered = "admissions the webhook did not answer (a replica or its API was faulted)"
 )
 
@@ -196,6 +197,7 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 	capm3Recorded := namedCount{name: infoRecorded}
 	capm3Warned := namedCount{name: infoWarned}
 	capm3Down := namedCount{name: infoCAPM3Down}
+	capm3Killed := namedCount{name: infoKilled}
 	unanswered := namedCount{name: invUnanswered}
 	unansweredInfo := namedCount{name: infoUnanswered}
 	ours := namedCount{name: invOursAddresses}
@@ -275,6 +277,9 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 				// admission warning when it knew at once.
 				capm3Warned.addf("%s", rec)
 				continue
+			case killedBeforeCreating(a, rec, recorder.createdByWebhook(rec.kind, rec.namespace, rec.name), replicaKilled):
+				capm3Killed.addf("%s for %s", rec, a)
+				continue
 			case slices.Contains(a.recorded, rec.kind+"/"+rec.name):
 				// The webhook's claim of that name went away before CAPM3 used it.
 				history := recorder.named(rec.kind, rec.namespace, rec.name)
@@ -289,8 +294,22 @@ func (sc *scenario) check(ctx context.Context) (checkResult, error) {
 	}
 	return checkResult{
 		counts: []namedCount{notReady, noOwner, terminating, orphans, leaked, double, ours, capm3Up, unanswered},
-		info:   []namedCount{capm3Recorded, capm3Warned, capm3Down, unansweredInfo},
+		info:   []namedCount{capm3Recorded, capm3Warned, capm3Down, capm3Killed, unansweredInfo},
 	}, nil
+}
+
+// killedBeforeCreating tells whether the webhook recorded rec for a, never created a claim of
+// that name (webhookCreated), and a replica was SIGKILLed between a's create and CAPM3's claim. A
+// replica that lives creates the claims it recorded or says in its log that it left them to
+// CAPM3; one killed after answering takes its creates in flight with it, and CAPM3 creating them
+// is the design.
+func killedBeforeCreating(a admission, rec claimRecord, webhookCreated bool, killed func(from, to time.Time) bool) bool {
+	return slices.Contains(a.recorded, rec.kind+"/"+rec.name) && !webhookCreated && killed(a.start, rec.seen)
+}
+
+// replicaKilled tells whether a webhook replica was SIGKILLed from one moment to another.
+func replicaKilled(from, to time.Time) bool {
+	return cp.Replicas != nil && cp.Replicas.KilledBetween(from, to)
 }
 
 // leftBy tells whether the admission that stored the Metal3Data owning rec said it left rec to

@@ -150,6 +150,18 @@ func (r *claimRecorder) byUID(uid types.UID) claimRecord {
 // createdByWebhook tells a claim the webhook created and preallocated.
 func (r claimRecord) createdByWebhook() bool { return r.preallocatedFor != "" && !r.createdByCAPM3() }
 
+// createdByWebhook tells whether the webhook ever created a claim of that kind and name.
+func (r *claimRecorder) createdByWebhook(kind, namespace, name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.records {
+		if rec.kind == kind && rec.namespace == namespace && rec.name == name && rec.createdByWebhook() {
+			return true
+		}
+	}
+	return false
+}
+
 // named returns the history of every claim of that kind and name, oldest first.
 func (r *claimRecorder) named(kind, namespace, name string) string {
 	r.mu.Lock()

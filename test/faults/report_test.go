@@ -642,6 +642,7 @@ var infoLabels = map[string]string{
 	infoRecorded:   "claims CAPM3 created while the webhook was up, recorded by it",
 	infoWarned:     "claims left to CAPM3 with a warning, which CAPM3 then created as designed",
 	infoCAPM3Down:  "claims created by CAPM3 while the webhook was down",
+	infoKilled:     "claims CAPM3 created because the replica that answered was SIGKILLed before creating them",
 	infoUnanswered: "admissions unanswered (a replica or its API faulted)",
 }
 

@@ -137,7 +137,9 @@ type admission struct {
 	token    string
 	warnings []string
 	err      error
-	latency  time.Duration
+	// start is when the create was sent, latency how long it took.
+	start   time.Time
+	latency time.Duration
 }
 
 // answered: the webhook answered this admission (it recorded claims or warned); otherwise the
@@ -202,7 +204,7 @@ func (sc *scenario) admit(ctx context.Context, data *infrav1.Metal3Data) admissi
 	var warnings []string
 	start := time.Now()
 	err := metal3DataClient().Create(context.WithValue(ctx, warningsKey{}, &warnings), obj)
-	a := admission{key: client.ObjectKeyFromObject(data), warnings: warnings, err: err, latency: time.Since(start)}
+	a := admission{key: client.ObjectKeyFromObject(data), warnings: warnings, err: err, start: start, latency: time.Since(start)}
 	if err == nil {
 		a.uid, a.token = obj.UID, obj.Annotations[allocation.AdmissionAnnotation]
 		if v := obj.Annotations[allocation.ClaimsAnnotation]; v != "" {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,6 +81,8 @@ type Replicas struct {
 	kills    int
 	restarts int
 	stopped  bool
+	// killedAt is when each SIGKILL of a running replica was sent.
+	killedAt []time.Time
 }
 
 // StartReplicas runs n webhook processes with the flags StartWebhook gives the single webhook
@@ -198,11 +201,21 @@ func (rs *Replicas) Kill(i int) {
 	proc := r.proc
 	if proc != nil && proc.Running() {
 		rs.kills++
+		rs.killedAt = append(rs.killedAt, time.Now())
 	}
 	rs.mu.Unlock()
 	if proc != nil {
 		proc.Kill()
 	}
+}
+
+// KilledBetween tells whether a running replica was SIGKILLed from one moment to another: a
+// replica's work in flight then, such as the claim creates of an admission it answered, died
+// with it.
+func (rs *Replicas) KilledBetween(from, to time.Time) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return slices.ContainsFunc(rs.killedAt, func(t time.Time) bool { return !t.Before(from) && !t.After(to) })
 }
 
 // StopReplica ends replica i gracefully (SIGTERM: it releases the lease). It stays down until
