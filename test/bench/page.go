@@ -43,6 +43,7 @@ func writePage(path string, r, scale *Report) error {
 	fmt.Fprintln(&b, "\nA verdict is \"pays\" or \"costs\" only where the ratio is outside the noise.")
 	fmt.Fprintln(&b, "\n## Speed check")
 	printSpeedCheck(&b, r.Paired)
+	writeCosts(&b, r)
 	if scale != nil {
 		writeScaleSection(&b, scale)
 	}

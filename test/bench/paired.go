@@ -44,7 +44,12 @@ type Paired struct {
 
 // pairedVerdict judges one scenario from its pairs' ratios over the baseline.
 func pairedVerdict(setting, scenario, over string, ratios []float64) Paired {
-	p := Paired{Setting: setting, Scenario: scenario, Over: over, Ratios: ratios, Ceiling: ceiling, Verdict: verdictInconclusive}
+	return pairedAgainst(setting, scenario, over, ratios, ceiling)
+}
+
+// pairedAgainst judges pairs' ratios against another ceiling than the totals'.
+func pairedAgainst(setting, scenario, over string, ratios []float64, most float64) Paired {
+	p := Paired{Setting: setting, Scenario: scenario, Over: over, Ratios: ratios, Ceiling: most, Verdict: verdictInconclusive}
 	if len(ratios) < 2 {
 		return p
 	}

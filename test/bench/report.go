@@ -211,9 +211,11 @@ type figure struct {
 }
 
 const (
-	ratioReadyMean  = "ready mean"
-	ratioTotal      = "total"
-	ratioReconciles = "CAPM3 reconciles per Metal3Data"
+	ratioReadyMean   = "ready mean"
+	ratioTotal       = "total"
+	ratioReconciles  = "CAPM3 reconciles per Metal3Data"
+	ratioLastCreated = "last Metal3Data created"
+	ratioAPIServer   = "API server CPU per Metal3Data"
 )
 
 var figures = []figure{
@@ -223,13 +225,13 @@ var figures = []figure{
 	{"p99", func(r *Run) float64 { return r.Ready.P99 }},
 	{"max", func(r *Run) float64 { return r.Ready.Max }},
 	{ratioTotal, func(r *Run) float64 { return r.Total }},
-	{"last Metal3Data created", func(r *Run) float64 { return r.ArrivalSpan }},
+	{ratioLastCreated, func(r *Run) float64 { return r.ArrivalSpan }},
 	{ratioReconciles, func(r *Run) float64 { return r.ReconcilesMean }},
 	{"CAPM3 requeues per Metal3Data", func(r *Run) float64 { return float64(r.Requeues) / float64(max(1, r.N)) }},
 	{"CAPM3 Secret GETs per Metal3Data", func(r *Run) float64 { return r.Requests["capm3"]["get secrets"] }},
 	{"CAPM3 requests per Metal3Data", func(r *Run) float64 { return floats.Sum(slices.Collect(maps.Values(r.Requests["capm3"]))) }},
 	{"CPU per Metal3Data", func(r *Run) float64 { return floats.Sum(slices.Collect(maps.Values(r.CPU))) / float64(max(1, r.N)) }},
-	{"API server CPU per Metal3Data", func(r *Run) float64 { return r.CPU["kube-apiserver"] / float64(max(1, r.N)) }},
+	{ratioAPIServer, func(r *Run) float64 { return r.CPU["kube-apiserver"] / float64(max(1, r.N)) }},
 	{"ready p50 of those created after the kill", func(r *Run) float64 { return r.AfterKill.P50 }},
 	{"their max", func(r *Run) float64 { return r.AfterKill.Max }},
 }
