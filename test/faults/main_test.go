@@ -187,8 +187,9 @@ type sizes struct {
 	killData, kills int
 	// gate: Metal3Data streamed, of which a share is rejected after our mutation.
 	gateData int
-	// recreate: names deleted and recreated, and how many times.
-	recreateNames, recreateRounds int
+	// recreate: names deleted and recreated, and how many times, over how many namespaces (each
+	// one namespace more that can be late, so that the namespaces' comparison can fail).
+	recreateNames, recreateRounds, recreateNamespaces int
 	// namespaces: namespaces deleted while claims wait, machines in each, and Metal3Data whose
 	// waiting claims are deleted by hand.
 	deletedNamespaces, machinesPerNamespace, handDeleted int
@@ -211,7 +212,7 @@ func chooseSizes() sizes {
 		name: "quick", trials: 1, maxTrials: 1, perNamespace: 50,
 		killData: 40, kills: 6,
 		gateData:      20,
-		recreateNames: 4, recreateRounds: 3,
+		recreateNames: 4, recreateRounds: 3, recreateNamespaces: 2,
 		deletedNamespaces: 2, machinesPerNamespace: 6, handDeleted: 8,
 		apiFaultData:   30,
 		concurrentData: 100,
@@ -223,7 +224,7 @@ func chooseSizes() sizes {
 			name: "full", trials: 5, maxTrials: 12, perNamespace: 100,
 			killData: 100, kills: 10,
 			gateData:      100,
-			recreateNames: 10, recreateRounds: 6,
+			recreateNames: 40, recreateRounds: 6, recreateNamespaces: 4,
 			deletedNamespaces: 4, machinesPerNamespace: 12, handDeleted: 24,
 			apiFaultData: 100, controllerLinkFaults: !correctedIPAM(),
 			concurrentData: 300,
