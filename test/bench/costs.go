@@ -116,9 +116,9 @@ func costVerdict(row costRow) string {
 // API server.
 func writeCosts(b *bytes.Buffer, r *Report) {
 	fmt.Fprintln(b, "\n## CAPM3's template loop and the API server")
-	fmt.Fprintf(b, "\nEach create of CAPM3's template loop waits for the admission. Geometric means of the pairs' preallocated over stock, 90%% intervals, judged as the speed check judges totals. With raised limits, where the loop is what machines wait for, last Metal3Data created may be at most %.2f× stock and the create p99 at most %.0f ms above the no-op webhook's (mean of the pairs' differences, and its 90%% upper end); everywhere, API server CPU per Metal3Data at most %.2f× (the no-op webhook's beside it: any webhook call's cost).\n",
+	fmt.Fprintf(b, "\nEach create of CAPM3's template loop waits for the admission. Geometric means of the pairs' preallocated over stock, 90%% intervals, judged as the speed check judges totals. With raised limits, where machines wait for the loop, last Metal3Data created may be at most %.2f× stock and the create p99 at most %.0f ms above the no-op webhook's (mean of the pairs' differences; its 90%% upper end); everywhere, API server CPU per Metal3Data at most %.2f× (the no-op webhook's beside it).\n",
 		loopSlowdown, 1000*overNoOpP99, ceiling)
-	fmt.Fprintln(b, "\n| setting | scenario | last Metal3Data created | create p99 at the API server (ms): stock, no-op webhook, preallocated | preallocated − no-op, 90% upper | API server CPU | no-op webhook's | verdict |")
+	fmt.Fprintln(b, "\n| setting | scenario | last Metal3Data created | create p99 at the API server (ms): stock, no-op, preallocated | preallocated − no-op, 90% upper | API server CPU | no-op webhook's | verdict |")
 	fmt.Fprintln(b, "|---|---|---:|---:|---:|---:|---:|---|")
 	for _, row := range costRows(r) {
 		noOp, diff, webhook := "–", "–", "–"
@@ -130,7 +130,7 @@ func writeCosts(b *bytes.Buffer, r *Report) {
 		fmt.Fprintf(b, "| %s | %s | %s | %.0f, %s, %.0f | %s | %s | %s | %s |\n", row.setting, row.scenario, interval(row.loop),
 			1000*row.p99[modeStock], noOp, 1000*row.p99[modePreallocated], diff, interval(row.apiserver), webhook, costVerdict(row))
 	}
-	fmt.Fprintln(b, "\nAt default limits the admission creates the claims (on an idle cluster it also waits up to a second for the IPAM's answers), so the loop ends later than stock's, but machines wait for CAPM3's Metal3Data controller, paced by its client limit: the totals show whether they wait less. Each preallocated claim costs the API server the webhook's create and the hand-over's ownership patch (the Metal3Data's UID exists only once stored) where CAPM3 writes its claim once, against the CAPM3 reconciles saved.")
+	fmt.Fprintln(b, "\nAt default limits the admission creates the claims (and on an idle cluster waits up to a second for the IPAM's answers), so the loop ends later than stock's; machines wait for CAPM3's Metal3Data controller there, and the totals show whether they wait less. Each preallocated claim costs the API server a create and the hand-over's ownership patch (the UID exists only once the Metal3Data is stored) where CAPM3 writes once, against the CAPM3 reconciles saved.")
 }
 
 // interval prints a paired judgement's geometric mean and 90% interval.

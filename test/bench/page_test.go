@@ -150,10 +150,8 @@ func tableRows(text, header string) [][]string {
 
 // readmeScaleScenarios are the scale scenarios the README's "at scale" table quotes, by its labels.
 var readmeScaleScenarios = map[string]string{
-	"CAPM3 held, then resumed":            "default-limits/backlog",
-	"a burst over 10 templates":           "default-limits/burst-spread",
-	"the same, limits raised":             "raised-limits/burst-spread",
-	"10 machines a second, limits raised": "raised-limits/slow",
+	"CAPM3 held, then resumed":  "default-limits/backlog",
+	"a burst over 10 templates": "default-limits/burst-spread",
 }
 
 // TestReadmeQuotesTheScaleResults: the README's "at scale" table quotes the committed scale

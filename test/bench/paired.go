@@ -125,7 +125,7 @@ func (p Paired) String() string {
 
 // printSpeedCheck prints the verdicts as a Markdown table.
 func printSpeedCheck(out io.Writer, verdicts []Paired) {
-	fmt.Fprintf(out, "\nSpeed check: each scenario's preallocated total over its baseline's in the same pair of runs (but leader-loss's, whose claims wait for the take-over by design): the no-op webhook's where it ran (what preallocation adds to any webhook's admission round trip), stock's otherwise. The geometric mean of the pairs, its 90%% interval, against the ceiling (%.2f). Inconclusive: fewer than %d pairs, or the interval reaches further than ±%.0f%%.\n",
+	fmt.Fprintf(out, "\nSpeed check: each scenario's preallocated total over its baseline's in the same pair of runs (not leader-loss's, whose claims wait for the take-over by design): the no-op webhook's where it ran, stock's otherwise. The pairs' geometric mean and its 90%% interval, against the ceiling (%.2f); inconclusive with fewer than %d pairs or an interval wider than ±%.0f%%.\n",
 		ceiling, minPairs, 100*maxSpread)
 	fmt.Fprintln(out, "\n| setting | scenario | over | pairs | geometric mean | 90% interval | ceiling | verdict |")
 	fmt.Fprintln(out, "|---|---|---|---:|---:|---:|---:|---|")

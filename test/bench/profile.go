@@ -164,7 +164,7 @@ func printAPIServerCPU(out io.Writer, r *Report) {
 	if len(order) == 0 {
 		return
 	}
-	fmt.Fprintln(out, "\nWhat the API server's CPU went to, in ms per Metal3Data, from profiles of the same window as the CPU table, means over the repetitions. A sample counts for the first of these its stack shows, so a request's own work comes before the filters around it; watches are the events sent to every watcher (CAPM3, the IPAMs, the webhook's informers).")
+	fmt.Fprintln(out, "\nWhat the API server's CPU went to, in ms per Metal3Data, from profiles of each run's measured window, means over the repetitions; a sample counts for the first of these its stack shows (a request's own work before the filters around it), and watches are the events sent to every watcher.")
 	mean := func(key, use string) float64 {
 		var ms float64
 		for _, run := range byKey[key] {

@@ -464,10 +464,10 @@ func printCPU(out io.Writer, r *Report) {
 }
 
 func printComparisons(out io.Writer, r *Report) {
-	fmt.Fprintln(out, "\nPreallocated over stock: each repetition's preallocated run over its stock run; mean ±standard deviation over the repetitions (each repetition's ratio is in the results' JSON). Noise: the larger, between the modes, of the range of one mode's runs relative to their mean.")
+	fmt.Fprintln(out, "\nEach repetition's preallocated run over its stock run: mean ±standard deviation over the repetitions (each ratio is in the results' JSON). Noise: the larger, between the modes, of the range of one mode's runs over their mean.")
 	printRatios(out, r.Comparisons, false)
 	if len(r.WebhookCosts) > 0 {
-		fmt.Fprintln(out, "\nWhat any webhook costs and what preallocation adds: the no-op webhook's runs, interleaved with the others, over stock's of the same repetition, and preallocated's over the no-op's; noise as above, of the two modes compared.")
+		fmt.Fprintln(out, "\nWhat any webhook costs, and what preallocation adds: the no-op webhook's runs over stock's of the same repetition, and preallocated's over the no-op's.")
 		printRatios(out, r.WebhookCosts, true)
 	}
 }

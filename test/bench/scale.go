@@ -218,7 +218,7 @@ func writeScaleSection(b *bytes.Buffer, r *Report) {
 			r.Started.UTC().Format("2006-01-02 15:04"))
 		return
 	}
-	fmt.Fprintf(b, "\n## At scale\n\nWritten by `make bench-scale` from `bench/results/scale/results.json` (%s). Beside a standing fleet of %d Ready machines over %d namespaces, written directly as a restore from backup would (its IPClaims answered, with the Metal3 IPAM's finalizers; its IPAddressClaims answered by the in-cluster IPAM before the first run, which starts once no IPAM has written to the fleet for %s; a run during which one does fails), stock, preallocated and, with raised limits, the no-op webhook take turns, in the order the table gives. CAPM3 and the Metal3 IPAM watch only the run's namespace. Each scenario spreads its Metal3DataClaims over 10 templates; the backlog holds CAPM3's Metal3Data controller while they arrive (its IPAM with raised limits, as in make bench's backlog)%s. Times are means over the repetitions, in seconds.\n",
+	fmt.Fprintf(b, "\n## At scale\n\nWritten by `make bench-scale` from `bench/results/scale/results.json` (%s). Beside a standing fleet of %d Ready machines over %d namespaces, written directly as a restore from backup would (IPClaims answered, with the Metal3 IPAM's finalizers; IPAddressClaims answered by the in-cluster IPAM; the first run starts once no IPAM has written to the fleet for %s, and a run during which one does fails), the modes take turns in the order the table gives. CAPM3 and the Metal3 IPAM watch only the run's namespace. Each scenario spreads its Metal3DataClaims over 10 templates; the backlog holds CAPM3's Metal3Data controller while they arrive (its IPAM with raised limits)%s. Times are means over the repetitions, in seconds.\n",
 		timeSpan(r.Started, r.Finished), r.Fleet, fleetNamespaces, fleetQuiet, slowClause(r.SlowRate))
 	writeParts(b, r, scaleSettings(r.ScaleRaised))
 	rows := scaleRows(r)
@@ -246,12 +246,12 @@ func writeScaleSection(b *bytes.Buffer, r *Report) {
 		fmt.Fprintf(b, "\nThe p99 bound is the no-op webhook's p99 plus %.0f ms where it ran (*), with raised limits; elsewhere stock's, which has no webhook call at all, plus one claim write (the median time the webhook's claim creates of one admission took). With raised limits CAPM3's template loop creates the Metal3Data one after another, each waiting for the admission, and the webhook leaves every admission to CAPM3 (\"preallocated\" is the webhook stepping aside); \"last Metal3Data created\" may take at most %.2f× stock's there. A backlog's CAPM3 reconciles per Metal3Data may be at most %.2f× stock's.\n",
 			1000*overNoOpP99, loopSlowdown, backlogReconciles)
 	} else {
-		fmt.Fprintf(b, "\nThe p99 bound is stock's, which has no webhook call at all, plus one claim write (the median time the webhook's claim creates of one admission took). A backlog's CAPM3 reconciles per Metal3Data may be at most %.2f× stock's. With CAPM3's limits raised the webhook leaves every Metal3Data to CAPM3: make bench measures that beside the no-op webhook, and make bench-scale runs it only with `--scale-raised` in BENCH_SCALE_ARGS, which adds about 30 minutes to its 90.\n",
+		fmt.Fprintf(b, "\nThe p99 bound is stock's (no webhook call) plus one claim write (the median of the webhook's claim creates per admission). A backlog's CAPM3 reconciles per Metal3Data may be at most %.2f× stock's. With raised limits the webhook leaves every Metal3Data to CAPM3: make bench measures that, and `--scale-raised` adds it here (about 30 minutes).\n",
 			backlogReconciles)
 	}
 	for _, row := range rows {
 		if row.limit > 0 {
-			fmt.Fprintf(b, "\nThe %s backlog's limit is %.2f× stock's total: CAPM3's Metal3Data controller is held for the backlog's pause, then must render every Metal3Data, reading both its Secrets on every reconcile and once more before creating each, at its client limit of %.0f requests/s for Secrets. With one reconcile per Metal3Data, (Secret GETs − creates) / reconciles + creates per Metal3Data, from stock's own requests, at that limit after the pause, over stock's total: no webhook can beat it.\n",
+			fmt.Fprintf(b, "\nThe %s backlog's limit is %.2f× stock's total: after the pause CAPM3's Metal3Data controller must render every Metal3Data, reading both its Secrets on each reconcile and once more before creating each, at its client limit of %.0f requests/s. At one reconcile per Metal3Data, (Secret GETs − creates) / reconciles + creates per Metal3Data, from stock's own requests, at that limit, plus the pause, over stock's total: no webhook can beat it.\n",
 				row.setting, row.limit, float64(stack.DefaultQPS))
 		}
 	}
