@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -92,29 +94,41 @@ func deletable(r metav1.APIResource) bool {
 	return !strings.Contains(r.Name, "/") && r.Name != "events" && has("list") && has("delete") && has("patch")
 }
 
+// dropWorkers is how many of a kind's objects dropAll deletes at once: one at a time, the API
+// server's round trips, not its work, set the pace.
+const dropWorkers = 16
+
 // dropAll deletes every object of one kind, removing its finalizers first so that no controller
 // is needed to finish it, until none is left.
 func dropAll(ctx context.Context, c metadata.ResourceInterface) (int, error) {
 	noFinalizers := []byte(`{"metadata":{"finalizers":null}}`)
-	dropped := 0
+	var dropped atomic.Int64
 	for range 5 {
 		objs, err := c.List(ctx, metav1.ListOptions{})
 		if err != nil || len(objs.Items) == 0 {
-			return dropped, err
+			return int(dropped.Load()), err
 		}
+		g, ctx := errgroup.WithContext(ctx)
+		g.SetLimit(dropWorkers)
 		for _, o := range objs.Items {
-			if len(o.Finalizers) > 0 {
-				if _, err := c.Patch(ctx, o.Name, types.MergePatchType, noFinalizers, metav1.PatchOptions{}); !gone(err) {
-					return dropped, err
+			g.Go(func() error {
+				if len(o.Finalizers) > 0 {
+					if _, err := c.Patch(ctx, o.Name, types.MergePatchType, noFinalizers, metav1.PatchOptions{}); !gone(err) {
+						return err
+					}
 				}
-			}
-			if err := c.Delete(ctx, o.Name, metav1.DeleteOptions{}); !gone(err) {
-				return dropped, err
-			}
-			dropped++
+				if err := c.Delete(ctx, o.Name, metav1.DeleteOptions{}); !gone(err) {
+					return err
+				}
+				dropped.Add(1)
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return int(dropped.Load()), err
 		}
 	}
-	return dropped, fmt.Errorf("objects still there after five passes")
+	return int(dropped.Load()), fmt.Errorf("objects still there after five passes")
 }
 
 func gone(err error) bool { return err == nil || apierrors.IsNotFound(err) }
