@@ -40,7 +40,7 @@ type scenarioSpec struct {
 var scenarios = []scenarioSpec{
 	{"kills", "SIGKILL of the leader and of the other replica at random moments while Metal3Data are admitted, each restarted after a random pause; once per trial both are killed at once and restarted, and once both are restarted gracefully in turn, as in a rollout.", false, comparedToStock, runKills},
 	{"leader-loss", "SIGKILL of the leader while a stream of Metal3Data is admitted (its last hand-overs held, so that it dies with Metal3Data admitted and not handed over); it stays down, as when its node dies, until the other replica holds the lease. Time-to-Ready of the Metal3Data the surviving replica admitted during that election window, against an idle reference (one at a time, no fault) measured in the same run; the Metal3Data the dead leader did not hand over must be handed over by the surviving replica's take-over.", false, nil, runLeaderLoss},
-	{"api-faults", "CAPM3 and the Metal3 IPAM, and each webhook replica, reach the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from the replicas' start-up to 15 s into the namespace deletion (under faults that never end, the IPAM's retry backoff keeps every namespace of both modes past 120 s, a comparison that cannot fail). At the full sizes, against the released IPAM, CAPM3's and the IPAM's links meet the same faults, in both modes; against the corrected IPAM only the replicas' links do, so that what is left is the webhook's.", false, comparedToStock, runAPIFaults},
+	{"api-faults", "CAPM3 and the Metal3 IPAM, and each webhook replica, reach the API server through a loopback proxy that answers 429 (Retry-After 1 s) to 5% of requests and 500 to 5%, resets the connection of 5% and delays 10% by 300 ms, from the replicas' start-up to the end of the namespace deletion. At the full sizes, against the released IPAM, CAPM3's and the IPAM's links meet the same faults, in both modes; against the corrected IPAM only the replicas' links do, so that what is left is the webhook's.", false, comparedToStock, runAPIFaults},
 	{"concurrent", "Metal3Data created all at once, admitted by both replicas; one in twenty has a claim in the InClusterIPPool.", false, comparedToStock, runConcurrent},
 	{"rejected-after-mutation", "Half the Metal3Data are rejected by a ValidatingAdmissionPolicy after our mutation; of those, most are created again, at a random moment up to 1.5 grace periods later, and accepted; the others never are. In the baseline the gate rejects half the Metal3Data, chosen the same way, and only the time its namespaces take to be deleted is held to stock's: CAPM3 and the IPAM never see a rejected Metal3Data, so every other count must be 0.", true, []string{invNamespaces, invNamespacesStuck}, runGate},
 	{"recreate", "The same Metal3Data names are deleted and created again at once (the create retried until the old one is gone), round after round, some before they are Ready.", true, comparedToStock, runRecreate},
@@ -690,8 +690,7 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 			p.Set(faults)
 		}
 	}
-	// The faults last until faultedDeletion into the namespaces' deletion; a trial that ends early
-	// takes them away at once.
+	// The faults last until the namespaces are gone; a trial that ends early takes them away at once.
 	restore := func() {
 		controllerLinks.Set(harness.Faults{})
 		if sc.control {
@@ -731,20 +730,8 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 		return n
 	}
 	var atDeletion int64
-	var lift *time.Timer
-	sc.onDelete = func() {
-		atDeletion = injected()
-		lift = time.AfterFunc(faultedDeletion, func() {
-			for _, p := range proxies {
-				p.Set(harness.Faults{})
-			}
-		})
-	}
+	sc.onDelete = func() { atDeletion = injected() }
 	sc.onFinish = func() {
-		// Stopped before the next trial can fault the controllers' shared link.
-		if lift != nil {
-			lift.Stop()
-		}
 		defer restore()
 		var total harness.FaultCounts
 		for i, p := range proxies {
@@ -773,11 +760,6 @@ func runAPIFaults(ctx context.Context, sc *scenario) {
 	}
 	scheduled = true
 }
-
-// faultedDeletion is how long API faults go on once a trial's namespaces are being deleted: the
-// deletion meets them, and whether the namespaces then go once the faults end is what tells the
-// two modes apart.
-const faultedDeletion = 15 * time.Second
 
 // unfaultedDeletion counts a namespace deletion that met no injected fault: the faults were
 // taken away too early, and the scenario did not test what it says.
