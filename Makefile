@@ -113,7 +113,8 @@ bench: tools ## Measure preallocated against stock CAPM3 (SCENARIOS= for a part)
 bench-scale: tools ## Measure preallocated against stock CAPM3 at the sizes users run, beside a standing fleet of 5,000 machines (SCENARIOS= for a part); writes bench/results/scale/ and its section of docs/benchmarks.md.
 	cd test && go run ./bench $(BENCH_SCALE_ARGS) $(BENCH_PART)
 
-# BENCH_SCALE_ARGS="... --slow=1000" adds a slow arrival with raised limits, about 30 minutes more.
+# --scale-raised in BENCH_SCALE_ARGS adds the raised-limits burst beside the no-op webhook (about
+# 30 minutes more), and --slow=1000 with it the slow arrival (about 30 more).
 BENCH_SCALE_ARGS ?= --scale --fleet=5000 --burst=1000 --backlog=1000 --repeats=2 --backlog-pause=180s --timeout=30m
 
 .PHONY: footprint
