@@ -2,6 +2,7 @@ package faults
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	ipamv1 "github.com/metal3-io/ip-address-manager/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -320,6 +322,44 @@ func TestCheckLateNamespaceSaysWhatIsLeft(t *testing.T) {
 	}
 	if got := describeLeft(ipamv1.GroupVersion.WithKind("IPClaim").GroupKind(), nil); got != "" {
 		t.Errorf("describeLeft of nothing = %q, want empty", got)
+	}
+}
+
+// TestCheckStuckNamespaceHeldByTheIPAM: a namespace held only by the Metal3 IPAM's IPAddresses
+// and IPPools, with only its own finalizers, is the IPAM's; one claim, Metal3Data or foreign
+// finalizer left with them makes it a stuck namespace like any other.
+func TestCheckStuckNamespaceHeldByTheIPAM(t *testing.T) {
+	now := metav1.Now()
+	obj := func(name string, finalizers ...string) metav1.PartialObjectMetadata {
+		return metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: name, DeletionTimestamp: &now, Finalizers: finalizers}}
+	}
+	addresses, pools := allocation.Metal3AddressGVK.GroupKind(), ipamv1.GroupVersion.WithKind("IPPool").GroupKind()
+	ipamOnly := map[schema.GroupKind][]metav1.PartialObjectMetadata{
+		addresses: {obj("pool-10-0-0-10", ipamv1.IPAddressFinalizer), obj("pool-10-0-0-11", ipamv1.IPAddressFinalizer)},
+		pools:     {obj("pool", ipamv1.IPPoolFinalizer)},
+		// Left without a finalizer, it holds nothing.
+		allocation.Metal3DataGVK.GroupKind(): {obj("d")},
+	}
+	if !heldOnlyByIPAM(ipamOnly) {
+		t.Error("held by the IPAM's IPAddresses and IPPools: not the IPAM's")
+	}
+	for name, more := range map[string]map[schema.GroupKind][]metav1.PartialObjectMetadata{
+		"a claim":                   {allocation.IPClaimGVK.GroupKind(): {obj("c", ipamv1.IPClaimFinalizer)}},
+		"a Metal3Data":              {allocation.Metal3DataGVK.GroupKind(): {obj("d", infrav1.DataFinalizer)}},
+		"an IPAddress with CAPM3's": {addresses: {obj("pool-10-0-0-12", ipamv1.IPAddressFinalizer, infrav1.DataFinalizer)}},
+		"a pool with an address's":  {pools: {obj("pool", ipamv1.IPAddressFinalizer)}},
+		"an IPAddressClaim":         {allocation.IPAddressClaimGVK.GroupKind(): {obj("c", "ipam.cluster.x-k8s.io/ReleaseAddress")}},
+	} {
+		left := maps.Clone(ipamOnly)
+		for kind, items := range more {
+			left[kind] = append(slices.Clone(left[kind]), items...)
+		}
+		if heldOnlyByIPAM(left) {
+			t.Errorf("held by %s too: the IPAM's", name)
+		}
+	}
+	if heldOnlyByIPAM(map[schema.GroupKind][]metav1.PartialObjectMetadata{addresses: {obj("a")}}) {
+		t.Error("held by no finalizer: the IPAM's")
 	}
 }
 

@@ -54,6 +54,7 @@ const (
 	invUnanswered       = "admissions the webhook did not answer, no fault injected"
 	invNamespaces       = "namespaces gone only after 30 s"
 	invNamespacesStuck  = "namespaces not gone in 120 s"
+	invNamespacesIPAM   = "namespaces the Metal3 IPAM alone held past 120 s"
 	invOursLeft         = "claims the webhook created, left after their namespace's deletion"
 	invOursAddresses    = "claims the webhook created that are Terminating, or whose address is gone, second or shared"
 	invOthersLeft       = "other claims left after their namespace's deletion"
@@ -436,6 +437,8 @@ type namespaceGone struct {
 	took      time.Duration
 	err       error
 	remaining string
+	// ipamOnly: not gone, and at namespaceStuck all that held it was the Metal3 IPAM's own.
+	ipamOnly bool
 }
 
 // deleteNamespace deletes ns, unless the scenario did already, and tells when it is gone, or at
@@ -459,26 +462,33 @@ func (sc *scenario) deleteNamespace(ctx context.Context, ns string) <-chan names
 		return done
 	}
 	go func() {
-		err := waitGone(ctx, obj, namespaceDeadline)
-		remaining := ""
-		if err != nil {
-			remaining = namespaceConditions(ctx, ns) + namespaceLeft(ctx, ns)
-			err = waitGone(ctx, obj, namespaceStuck-time.Since(start))
+		gone := namespaceGone{ns: ns, err: waitGone(ctx, obj, namespaceDeadline)}
+		if gone.err != nil {
+			left, failed := namespaceLeft(ctx, ns)
+			gone.remaining = namespaceConditions(ctx, ns) + describeNamespaceLeft(left, failed)
+			if gone.err = waitGone(ctx, obj, namespaceStuck-time.Since(start)); gone.err != nil {
+				left, failed = namespaceLeft(ctx, ns)
+				gone.remaining += "; at " + namespaceStuck.String() + describeNamespaceLeft(left, failed)
+				gone.ipamOnly = len(failed) == 0 && heldOnlyByIPAM(left)
+			}
 		}
-		done <- namespaceGone{ns: ns, took: time.Since(start), err: err, remaining: remaining}
+		gone.took = time.Since(start)
+		done <- gone
 	}()
 	return done
 }
 
 // deleteNamespaces deletes the scenario's namespaces that still exist, one after another, and
 // counts those gone only after namespaceDeadline (slow) apart from those not gone within
-// namespaceStuck (stuck); for both it reports what the namespace controller says is left. One at a time, as
+// namespaceStuck, and of these those held only by the Metal3 IPAM's own objects (ipamStuck) apart
+// from those held by anything more (stuck); for each it reports what is left. One at a time, as
 // the deadline is for what ip-preallocator could hold up: deleting a namespace of a few dozen
 // Metal3Data already takes CAPM3, at its 20 requests a second, a good part of it, and several at
 // once add up.
-func (sc *scenario) deleteNamespaces(ctx context.Context) (slow, stuck namedCount) {
+func (sc *scenario) deleteNamespaces(ctx context.Context) (slow, stuck, ipamStuck namedCount) {
 	slow = namedCount{name: invNamespaces, capacity: int64(len(sc.namespaces))}
 	stuck = namedCount{name: invNamespacesStuck, capacity: int64(len(sc.namespaces))}
+	ipamStuck = namedCount{name: invNamespacesIPAM, capacity: int64(len(sc.namespaces))}
 	results := make(chan namespaceGone, len(sc.namespaces))
 	for _, ns := range sc.namespaces {
 		results <- <-sc.deleteNamespace(ctx, ns)
@@ -488,15 +498,17 @@ func (sc *scenario) deleteNamespaces(ctx context.Context) (slow, stuck namedCoun
 		r := <-results
 		longest = max(longest, r.took)
 		switch {
+		case r.err != nil && r.ipamOnly:
+			ipamStuck.addf("namespace %s: %s; at %v%s", r.ns, r.err, namespaceDeadline, r.remaining)
 		case r.err != nil:
 			stuck.addf("namespace %s: %s; at %v%s", r.ns, r.err, namespaceDeadline, r.remaining)
 		case r.took > namespaceDeadline:
 			slow.addf("namespace %s: gone %v after deletion; at %v%s", r.ns, r.took.Round(100*time.Millisecond), namespaceDeadline, r.remaining)
 		}
 	}
-	sc.figuref("%d namespaces deleted, the slowest in %v; %d gone only after %v, %d not gone in %v",
-		len(sc.namespaces), longest.Round(100*time.Millisecond), slow.n, namespaceDeadline, stuck.n, namespaceStuck)
-	return slow, stuck
+	sc.figuref("%d namespaces deleted, the slowest in %v; %d gone only after %v, %d not gone in %v (%d of them held only by the Metal3 IPAM's own objects)",
+		len(sc.namespaces), longest.Round(100*time.Millisecond), slow.n, namespaceDeadline, stuck.n+ipamStuck.n, namespaceStuck, ipamStuck.n)
+	return slow, stuck, ipamStuck
 }
 
 // leftBehind counts, in the namespaces not gone once deleteNamespaces is done, the claims left, by
@@ -556,18 +568,29 @@ var leftKinds = []schema.GroupVersionKind{
 	capipamv1.GroupVersion.WithKind("IPAddress"),
 }
 
-// namespaceLeft lists what a namespace still holds at the deadline: the namespace controller's
-// conditions are those of its last pass, up to about 8 s old, and do not say whose finalizer it waits for.
-func namespaceLeft(ctx context.Context, ns string) string {
-	var out []string
+// namespaceLeft lists the objects of leftKinds a namespace still holds, by kind, and the kinds it
+// could not list: the namespace controller's conditions are those of its last pass, up to about
+// 8 s old, and do not say whose finalizer it waits for.
+func namespaceLeft(ctx context.Context, ns string) (left map[schema.GroupKind][]metav1.PartialObjectMetadata, failed []string) {
+	left = map[schema.GroupKind][]metav1.PartialObjectMetadata{}
 	for _, gvk := range leftKinds {
 		list := &metav1.PartialObjectMetadataList{}
 		list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
 		if err := cp.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
-			out = append(out, fmt.Sprintf("%s: listing: %v", gvk.GroupKind(), err))
+			failed = append(failed, fmt.Sprintf("%s: listing: %v", gvk.GroupKind(), err))
 			continue
 		}
-		if s := describeLeft(gvk.GroupKind(), list.Items); s != "" {
+		if len(list.Items) > 0 {
+			left[gvk.GroupKind()] = list.Items
+		}
+	}
+	return left, failed
+}
+
+func describeNamespaceLeft(left map[schema.GroupKind][]metav1.PartialObjectMetadata, failed []string) string {
+	out := slices.Clone(failed)
+	for _, gvk := range leftKinds {
+		if s := describeLeft(gvk.GroupKind(), left[gvk.GroupKind()]); s != "" {
 			out = append(out, s)
 		}
 	}
@@ -575,6 +598,31 @@ func namespaceLeft(ctx context.Context, ns string) string {
 		return "; left: none of the suite's kinds"
 	}
 	return "; left: " + strings.Join(out, "; ")
+}
+
+// ipamOwn are the Metal3 IPAM's kinds and the finalizers it puts on them.
+var ipamOwn = map[schema.GroupKind]string{
+	allocation.Metal3AddressGVK.GroupKind():            ipamv1.IPAddressFinalizer,
+	ipamv1.GroupVersion.WithKind("IPPool").GroupKind(): ipamv1.IPPoolFinalizer,
+}
+
+// heldOnlyByIPAM tells a namespace the Metal3 IPAM alone holds: every object left with a finalizer
+// is one of its IPAddresses or IPPools carrying only its own finalizer. No claim, Metal3Data or
+// anything else the webhook or CAPM3 created is left with one: the IPAM's stranded IPAddresses
+// (an IPAddress outlives its claim, Known problems) keep their pool, and the pool the namespace.
+func heldOnlyByIPAM(left map[schema.GroupKind][]metav1.PartialObjectMetadata) bool {
+	held := false
+	for kind, items := range left {
+		for _, o := range items {
+			for _, f := range o.Finalizers {
+				if ipamOwn[kind] != f {
+					return false
+				}
+				held = true
+			}
+		}
+	}
+	return held
 }
 
 // describeLeft counts objects by the finalizers they carry, and the claims the webhook preallocated

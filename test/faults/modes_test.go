@@ -33,6 +33,8 @@ var failureModes = []failureMode{
 		"wait; docs/troubleshooting.md says what it waits for"},
 	{invNamespacesStuck, "a namespace is not gone in 120 s: a finalizer nobody removes", "whoever's finalizer it is: the page's evidence (JSON) names it",
 		"docs/troubleshooting.md, \"A namespace that takes long to delete\""},
+	{invNamespacesIPAM, "a namespace is not gone in 120 s, held only by IPAddresses the Metal3 IPAM stranded and their IPPools", "the Metal3 IPAM's: an IPAddress outlives its claim (Known problems), and its pool waits for it",
+		"docs/troubleshooting.md, \"A namespace that takes long to delete\": an IPAddress whose claim is gone"},
 	{invOursLeft, "a claim the webhook created outlives its namespace's deletion", "the webhook's: the goal is none",
 		"docs/troubleshooting.md, \"A namespace that takes long to delete\"; report it"},
 	{invOthersLeft, "a claim CAPM3 created outlives its namespace's deletion", "CAPM3's or the IPAM's",
