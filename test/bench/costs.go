@@ -47,7 +47,7 @@ func costRows(r *Report) []costRow {
 			row.webhookAPIServer = pairedAgainst(q.Setting, q.Scenario, modeStock, n.Ratio(ratioAPIServer).Values, ceiling)
 		}
 		byRepeat := map[int]map[string]float64{}
-		count := map[string]int{}
+		byMode := map[string][]*Run{}
 		for _, run := range r.Runs {
 			if run.Setting != q.Setting || run.Scenario != q.Scenario {
 				continue
@@ -56,11 +56,10 @@ func costRows(r *Report) []costRow {
 				byRepeat[run.Repeat] = map[string]float64{}
 			}
 			byRepeat[run.Repeat][run.Mode] = run.Server.P99
-			row.p99[run.Mode] += run.Server.P99
-			count[run.Mode]++
+			byMode[run.Mode] = append(byMode[run.Mode], run)
 		}
-		for mode, n := range count {
-			row.p99[mode] /= float64(n)
+		for mode, runs := range byMode {
+			row.p99[mode] = figuresOf(runs).createP99
 		}
 		for repeat := range len(byRepeat) {
 			pre, okPre := byRepeat[repeat][modePreallocated]
