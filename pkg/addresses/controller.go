@@ -51,7 +51,7 @@ type Addresses struct {
 func (a *Addresses) SetupWithManager(mgr ctrl.Manager) error {
 	if err := ctrl.NewControllerManagedBy(mgr).
 		Named("surplus-addresses").
-		For(allocation.Metadata(allocation.Metal3AddressGVK)).
+		For(allocation.Metadata(allocation.Metal3AddressGVK), builder.WithPredicates(predicate.NewPredicateFuncs(a.mayNeedRelease))).
 		// A waiting claim's deletion is no event of its IPAddresses.
 		Watches(allocation.Metadata(allocation.IPClaimGVK), handler.EnqueueRequestsFromMapFunc(a.addressesOf),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return allocation.PhaseOf(o) == allocation.Deleting }))).
@@ -60,6 +60,25 @@ func (a *Addresses) SetupWithManager(mgr ctrl.Manager) error {
 		return fmt.Errorf("setting up controller surplus-addresses: %w", err)
 	}
 	return nil
+}
+
+// mayNeedRelease passes the events of an IPAddress Reconcile could release: its claim is not in
+// the cache, is being deleted, or has two IPAddresses or more. Every other one, each IPAddress of a
+// standing fleet at start-up among them, would cost a reconcile that decides nothing, and the
+// queue the memory of them all at once.
+func (a *Addresses) mayNeedRelease(address client.Object) bool {
+	owner := allocation.Owner(address, allocation.KindIPClaim)
+	if owner == nil || !address.GetDeletionTimestamp().IsZero() {
+		return false
+	}
+	ctx := context.Background()
+	claim := allocation.Metadata(allocation.IPClaimGVK)
+	if err := a.Client.Get(ctx, types.NamespacedName{Namespace: address.GetNamespace(), Name: owner.Name}, claim); err != nil ||
+		claim.UID != owner.UID || allocation.PhaseOf(claim) == allocation.Deleting {
+		return true
+	}
+	addresses, err := index.Addresses(ctx, a.Client, address.GetNamespace(), owner.UID)
+	return err != nil || len(addresses) >= 2
 }
 
 func (a *Addresses) addressesOf(ctx context.Context, claim client.Object) []reconcile.Request {
