@@ -218,7 +218,7 @@ func writeScaleSection(b *bytes.Buffer, r *Report) {
 			r.Started.UTC().Format("2006-01-02 15:04"))
 		return
 	}
-	fmt.Fprintf(b, "\n## At scale\n\nWritten by `make bench-scale` from `bench/results/scale/results.json` (%s). Beside a standing fleet of %d Ready machines over %d namespaces, written directly as a restore from backup would (IPClaims answered, with the Metal3 IPAM's finalizers; IPAddressClaims answered by the in-cluster IPAM; the first run starts once no IPAM has written to the fleet for %s, and a run during which one does fails), the modes take turns in the order the table gives. CAPM3 and the Metal3 IPAM watch only the run's namespace. Each scenario spreads its Metal3DataClaims over 10 templates; the backlog holds CAPM3's Metal3Data controller while they arrive (its IPAM with raised limits)%s. Times are means over the repetitions, in seconds.\n",
+	fmt.Fprintf(b, "\n## At scale\n\nWritten by `make bench-scale` from `bench/results/scale/results.json` (%s). The runs stand beside a fleet of %d Ready machines over %d namespaces, written as a restore from backup would (IPClaims answered, with the Metal3 IPAM's finalizers; IPAddressClaims answered by the in-cluster IPAM; the first run starts once no IPAM has written to the fleet for %s, and a run during which one does fails). CAPM3 and the Metal3 IPAM watch only the run's namespace. Each scenario spreads its Metal3DataClaims over 10 templates; the backlog holds CAPM3's Metal3Data controller while they arrive (its IPAM with raised limits)%s. Times are means over the repetitions, in seconds.\n",
 		timeSpan(r.Started, r.Finished), r.Fleet, fleetNamespaces, fleetQuiet, slowClause(r.SlowRate))
 	writeParts(b, r, scaleSettings(r.ScaleRaised))
 	rows := scaleRows(r)
@@ -251,7 +251,7 @@ func writeScaleSection(b *bytes.Buffer, r *Report) {
 	}
 	for _, row := range rows {
 		if row.limit > 0 {
-			fmt.Fprintf(b, "\nThe %s backlog's limit is %.2f× stock's total: after the pause CAPM3's Metal3Data controller must render every Metal3Data, reading both its Secrets on each reconcile and once more before creating each, at its client limit of %.0f requests/s. At one reconcile per Metal3Data, (Secret GETs − creates) / reconciles + creates per Metal3Data, from stock's own requests, at that limit, plus the pause, over stock's total: no webhook can beat it.\n",
+			fmt.Fprintf(b, "\nThe %s backlog's limit, which no webhook can beat, is %.2f× stock's total: the pause, then CAPM3 rendering every Metal3Data in one reconcile at its client limit of %.0f requests/s, with stock's own Secret reads ((GETs − creates) / reconciles + creates per Metal3Data: both Secrets on each reconcile, once more before each create).\n",
 				row.setting, row.limit, float64(stack.DefaultQPS))
 		}
 	}
