@@ -115,7 +115,7 @@ bench-scale: tools ## Measure preallocated against stock CAPM3 at the sizes user
 
 # --scale-raised in BENCH_SCALE_ARGS adds the raised-limits burst beside the no-op webhook (about
 # 30 minutes more), and --slow=1000 with it the slow arrival (about 30 more).
-BENCH_SCALE_ARGS ?= --scale --fleet=5000 --burst=1000 --backlog=1000 --repeats=2 --backlog-pause=180s --timeout=30m
+BENCH_SCALE_ARGS ?= --scale --fleet=5000 --burst=1000 --raised-burst=1000 --backlog=1000 --repeats=2 --backlog-pause=180s --timeout=30m
 
 .PHONY: footprint
 footprint: tools ## Measure the webhook's memory with a standing fleet of 1,000 and 5,000 machines cached; writes docs/footprint.md.

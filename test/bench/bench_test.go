@@ -25,7 +25,7 @@ func TestQuickBench(t *testing.T) {
 	}
 	var out bytes.Buffer
 	report, err := run(context.Background(), config{
-		idle: 5, burst: 15, templates: 3, backlog: 15, repeats: minPairs, pause: 3 * time.Second, timeout: 5 * time.Minute,
+		idle: 5, burst: 15, raisedBurst: 15, templates: 3, backlog: 15, repeats: minPairs, pause: 3 * time.Second, timeout: 5 * time.Minute,
 		scenarios: quickScenarios,
 	}, &out)
 	t.Log(out.String())

@@ -26,8 +26,8 @@ type Part struct {
 // sizes is what makes two parts' runs comparable besides the product code: every size and
 // setting a scenario's runs depend on.
 func (c config) sizes() string {
-	return fmt.Sprintf("idle %d, burst %d over %d templates, backlog %d held %s, slow %d at %g/s, leader-loss %d, fleet %d, %d repetitions, webhook flags %q",
-		c.idle, c.burst, c.templates, c.backlog, c.pause, c.slow, c.slowRate, c.leaderLoss, c.fleet, c.repeats, c.webhookArgs)
+	return fmt.Sprintf("idle %d, burst %d (%d with raised limits) over %d templates, backlog %d held %s, slow %d at %g/s, leader-loss %d, fleet %d, %d repetitions, webhook flags %q",
+		c.idle, c.burst, c.raisedBurst, c.templates, c.backlog, c.pause, c.slow, c.slowRate, c.leaderLoss, c.fleet, c.repeats, c.webhookArgs)
 }
 
 // mergeEarlier adds to r, the report of the part just run, the runs of the other scenarios saved

@@ -459,6 +459,9 @@ func runNamespace(s setting, sc scenario, mode string, repeat int) string {
 
 func (b *bench) runOne(ctx context.Context, s setting, sc scenario, mode string, repeat int) (*Run, error) {
 	n := map[string]int{"idle": b.cfg.idle, "burst": b.cfg.burst, "backlog": b.cfg.backlog, "slow": b.cfg.slow}[sc.Kind]
+	if sc.Kind == "burst" && s.limitsRaised() {
+		n = b.cfg.raisedBurst
+	}
 	templates := 1
 	if sc.Spread {
 		templates = b.cfg.templates
