@@ -69,12 +69,11 @@ type config struct {
 	merge bool
 }
 
-// Default sizes: three repetitions of every mode took about 10 minutes on 2 cores; the speed
-// check's six pairs take about twice that. With CAPM3's limits raised no client limit paces a
-// burst, the host's CPU does: a burst of 30 took 3 s, and its runs swung by ±30% with the host's
-// load, more than the 5% the speed check must tell apart; 150 machines make it about 15 s.
-// bigArgs is the larger run of earlier versions (200 machines per burst), one BENCH_ARGS away;
-// with three repetitions it takes about an hour.
+// Default sizes: the speed check's six pairs of every mode take about 40 minutes on 2 cores. With
+// CAPM3's limits raised no client limit paces a burst, the host's CPU does: a burst of 30 took
+// 3 s, and its runs swung by ±30% with the host's load, more than the 5% the speed check must
+// tell apart; 150 machines take about 20 s. bigArgs is the larger run of earlier versions (200
+// machines per burst), one BENCH_ARGS away; with three repetitions it takes about an hour.
 const (
 	defaultIdle        = 10
 	defaultBurst       = 30
@@ -121,7 +120,7 @@ func main() {
 	})
 	flag.StringVar(&c.webhookArgs, "webhook-args", "", "Extra flags for the single webhook process (not the leader-loss replicas), separated by spaces, e.g. --handover-ipam-wait=0.")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./bench [flags]\n\nThe default sizes take about 20 minutes on 2 cores; the larger run (about two hours):\n  make bench BENCH_ARGS=%q\n\n", bigArgs)
+		fmt.Fprintf(flag.CommandLine.Output(), "Usage: go run ./bench [flags]\n\nThe default sizes take about 40 minutes on 2 cores; the larger run (about two hours):\n  make bench BENCH_ARGS=%q\n\n", bigArgs)
 		flag.PrintDefaults()
 	}
 	klog.InitFlags(nil)

@@ -164,7 +164,7 @@ func printAPIServerCPU(out io.Writer, r *Report) {
 	if len(order) == 0 {
 		return
 	}
-	fmt.Fprintln(out, "\nWhat the API server's CPU went to, in ms per Metal3Data, from profiles of each run's measured window, means over the repetitions; a sample counts for the first of these its stack shows (a request's own work before the filters around it), and watches are the events sent to every watcher.")
+	fmt.Fprintln(out, "\nWhat the API server's CPU went to, in ms per Metal3Data (profiles of each measured window, means over the repetitions): a sample counts for the first line its stack shows (a request's own work before the filters around it); watches are the events sent to every watcher.")
 	mean := func(key, use string) float64 {
 		var ms float64
 		for _, run := range byKey[key] {
@@ -176,12 +176,16 @@ func printAPIServerCPU(out io.Writer, r *Report) {
 	fmt.Fprintf(out, "|---|%s\n", strings.Repeat("---:|", len(order)))
 	all := make([]float64, len(order))
 	for _, use := range useNames() {
-		cells := make([]string, len(order))
+		cells, shown := make([]string, len(order)), false
 		for i, key := range order {
 			ms := mean(key, use)
 			cells[i], all[i] = fmt.Sprintf("%.1f", ms), all[i]+ms
+			shown = shown || cells[i] != "0.0"
 		}
-		fmt.Fprintf(out, "| %s | %s |\n", use, strings.Join(cells, " | "))
+		// A use that rounds to nothing in every column says nothing.
+		if shown {
+			fmt.Fprintf(out, "| %s | %s |\n", use, strings.Join(cells, " | "))
+		}
 	}
 	cells := make([]string, len(order))
 	for i := range order {

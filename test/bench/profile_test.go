@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/google/pprof/profile"
@@ -36,6 +37,26 @@ func TestCPUUsesOf(t *testing.T) {
 	for use, ms := range want {
 		if math.Abs(got[use]-ms) > 1e-9 {
 			t.Errorf("%s: %.3f ms per Metal3Data, want %.3f", use, got[use], ms)
+		}
+	}
+}
+
+// TestPrintAPIServerCPULeavesOutNothing: a use that rounds to nothing in every column has no row;
+// the others keep theirs, and the total counts every use.
+func TestPrintAPIServerCPULeavesOutNothing(t *testing.T) {
+	r := &Report{Runs: []*Run{
+		{Setting: "raised-limits", Scenario: "burst", Mode: modeStock, APIServerCPU: map[string]float64{"GET requests": 2, "LIST requests": 0.01}},
+		{Setting: "raised-limits", Scenario: "burst", Mode: modePreallocated, APIServerCPU: map[string]float64{"GET requests": 3}},
+	}}
+	var out strings.Builder
+	printAPIServerCPU(&out, r)
+	text := out.String()
+	if strings.Contains(text, "| LIST requests |") {
+		t.Errorf("a row for a use of 0.0 in every column:\n%s", text)
+	}
+	for _, row := range []string{"| GET requests | 2.0 | 3.0 |", "| **all** | **2.0** | **3.0** |"} {
+		if !strings.Contains(text, row) {
+			t.Errorf("no %q in:\n%s", row, text)
 		}
 	}
 }
