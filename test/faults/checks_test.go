@@ -5,6 +5,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -550,6 +551,9 @@ func TestCheckPartsMerge(t *testing.T) {
 	}
 	if strings.Count(page, "\n## kills\n") != 1 {
 		t.Errorf("kills not once on the page:\n%s", page)
+	}
+	if ranNamespaces := regexp.MustCompile(`(?m)^- .* UTC, .*: namespaces$`); !strings.Contains(page, "3 parts") || len(ranNamespaces.FindAllString(page, -1)) != 2 {
+		t.Errorf("the page after more trials does not list both parts that ran namespaces:\n%s", page)
 	}
 }
 

@@ -153,7 +153,7 @@ func (r *suiteReport) resume(path string, s sizes, product string, more bool) (s
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	runSeed = e.Seed
-	r.parts = e.Parts
+	r.parts, r.more = e.Parts, more
 	for _, se := range e.Scenarios {
 		if more {
 			r.results = append(r.results, fromEvidence(se))
@@ -194,6 +194,10 @@ func (r *suiteReport) merged() []string {
 		return 2 * i
 	}
 	slices.SortStableFunc(r.results, func(a, b *scenarioResult) int { return order(a) - order(b) })
+	if r.more {
+		// The earlier parts' trials of the scenarios this part ran are still on the page.
+		return names
+	}
 	for i, p := range r.parts {
 		p.Scenarios = slices.DeleteFunc(p.Scenarios, func(name string) bool { return ran[name] })
 		r.parts[i] = p

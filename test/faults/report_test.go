@@ -61,9 +61,10 @@ type suiteReport struct {
 	started time.Time
 	results []*scenarioResult
 	// parts and earlier are, when the run resumes earlier parts (resume), those parts and their
-	// results.
+	// results; more, that this part's trials add to theirs (FAULTS_MORE) rather than replace them.
 	parts   []partEvidence
 	earlier []*scenarioResult
+	more    bool
 	// ran are the scenarios this part ran.
 	ran map[string]bool
 }
